@@ -1,0 +1,185 @@
+"""The native build: its cache key, its cache, and a patch that does not apply."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llama_metaws import build, runtime
+from llama_metaws.errors import BindingVersionError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _copy_patches(tmp_path: Path) -> Path:
+    d = tmp_path / "patches"
+    shutil.copytree(ROOT / "patches", d)
+    return d
+
+
+def test_same_inputs_give_the_same_key(tmp_path):
+    a = build.BuildInputs.collect(patches_dir=_copy_patches(tmp_path / "a"), cmake_args=[])
+    b = build.BuildInputs.collect(patches_dir=_copy_patches(tmp_path / "b"), cmake_args=[])
+    assert a == b and a.key() == b.key()
+
+
+def test_a_changed_patch_gives_a_new_key(tmp_path):
+    d = _copy_patches(tmp_path)
+    before = build.BuildInputs.collect(patches_dir=d, cmake_args=[])
+    first = build.read_series(d)[0]
+    first.write_text(first.read_text() + "\n")
+    after = build.BuildInputs.collect(patches_dir=d, cmake_args=[])
+    assert after.key() != before.key()
+
+
+def test_cmake_args_and_compiler_are_in_the_key(tmp_path):
+    d = _copy_patches(tmp_path)
+    base = build.BuildInputs.collect(patches_dir=d, cmake_args=[], compiler="gcc 12")
+    assert build.BuildInputs.collect(patches_dir=d, cmake_args=["-DGGML_CUDA=ON"], compiler="gcc 12").key() != base.key()
+    assert build.BuildInputs.collect(patches_dir=d, cmake_args=[], compiler="gcc 13").key() != base.key()
+
+
+def test_cmake_args_come_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90")
+    inputs = build.BuildInputs.collect(patches_dir=_copy_patches(tmp_path))
+    assert inputs.cmake_args == ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90")
+
+
+def test_series_naming_a_missing_patch_is_an_error(tmp_path):
+    d = _copy_patches(tmp_path)
+    (d / "series").write_text("0099-nothing-here.patch\n")
+    with pytest.raises(build.BuildError, match="0099-nothing-here.patch"):
+        build.read_series(d)
+
+
+def test_unchanged_inputs_do_not_rebuild():
+    current = runtime.require_build()
+    stamp = (current.root / "build.json").stat().st_mtime_ns
+    lines = []
+    t0 = time.monotonic()
+    again = build.build_library(build.BuildInputs.collect(), lines.append)
+    assert time.monotonic() - t0 < 10
+    assert again.root == current.root
+    assert (current.root / "build.json").stat().st_mtime_ns == stamp
+    assert any("up to date" in line for line in lines)
+
+
+def test_the_cli_build_is_cached():
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "llama_metaws", "build"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "up to date" in res.stderr
+    assert time.monotonic() - t0 < 30
+    assert Path(res.stdout.strip()) == runtime.require_build().root
+
+
+BAD_PATCH = """\
+From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+Subject: [PATCH] test : a patch whose context is not in the tree
+
+---
+ include/llama.h | 1 +
+ 1 file changed, 1 insertion(+)
+
+diff --git a/include/llama.h b/include/llama.h
+--- a/include/llama.h
++++ b/include/llama.h
+@@ -10,3 +10,4 @@
+ this line is not in llama.h
+ nor is this one
+ or this one
++int added_by_a_bad_patch;
+"""
+
+
+def test_a_patch_that_does_not_apply_names_itself_and_the_hunk(tmp_path):
+    src = tmp_path / "src"
+    (src / "include").mkdir(parents=True)
+    (src / "include" / "llama.h").write_text("".join(f"line {i}\n" for i in range(40)))
+    bad = tmp_path / "0002-bad.patch"
+    bad.write_text(BAD_PATCH)
+    with pytest.raises(build.BuildError) as err:
+        build.apply_patches(src, [bad], lambda line: None)
+    msg = str(err.value)
+    assert "0002-bad.patch" in msg
+    assert "include/llama.h:10" in msg  # the file and the hunk git reported
+
+
+def test_the_full_build_stops_at_a_bad_patch_and_names_it(tmp_path, monkeypatch):
+    """Steps 1-3 for real (the sdist from the shared download cache), then the named failure."""
+    root = tmp_path / "checkout"
+    shutil.copytree(ROOT / "patches", root / "patches")
+    (root / "patches" / "0002-bad.patch").write_text(BAD_PATCH)
+    with open(root / "patches" / "series", "a") as f:
+        f.write("0002-bad.patch\n")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "downloads").symlink_to(build.cache_root() / "downloads", target_is_directory=True)
+    monkeypatch.setenv("LLAMA_METAWS_SOURCE_ROOT", str(root))
+    monkeypatch.setenv("LLAMA_METAWS_CACHE", str(cache))
+    lines = []
+    with pytest.raises(build.BuildError, match=r"patch step: 0002-bad.patch does not apply"):
+        build.build_library(build.BuildInputs.collect(), lines.append)
+    assert any(line.startswith("[3/6] patch") for line in lines)
+    assert not any(line.startswith("[4/6]") for line in lines)
+    # nothing half-built is left where a later run would take it for a build
+    assert not any((cache / "builds").glob("*/build.json"))
+
+
+def test_the_built_libraries_export_our_symbols():
+    lib = runtime.require_build().lib_dir / "libllama.so"
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+    assert " llama_n_compute_buffers" in out
+    assert " llama_get_compute_buffer" in out
+
+
+MAPS_SCRIPT = """
+import llama_metaws, llama_cpp
+import llama_metaws.buffers  # loads the cffi shim too
+import json, re
+paths = set()
+for line in open('/proc/self/maps'):
+    parts = line.split()
+    if len(parts) >= 6 and re.search(r'/lib(ggml-base|ggml|ggml-cpu|llama)\\.so', parts[5]):
+        paths.add(parts[5])
+print(json.dumps(sorted(paths)))
+"""
+
+
+def test_one_copy_of_each_library_from_our_build():
+    import json
+
+    res = subprocess.run([sys.executable, "-c", MAPS_SCRIPT], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    paths = json.loads(res.stdout)
+    lib_dir = str(runtime.require_build().lib_dir.resolve())
+    for name in ("libggml-base.so", "libllama.so"):
+        hits = [p for p in paths if os.path.basename(p).startswith(name)]
+        assert len(hits) == 1, (name, paths)
+        assert os.path.dirname(hits[0]) == lib_dir, (hits, lib_dir)
+
+
+def test_another_binding_version_is_a_clear_error(monkeypatch):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.3.16")
+    with pytest.raises(BindingVersionError) as err:
+        runtime.check_binding_version()
+    assert "0.3.16" in str(err.value) and "0.3.36" in str(err.value)
+
+
+def test_importing_llama_cpp_first_from_elsewhere_is_refused(tmp_path):
+    """A binding that loaded other libraries before us would give two copies of ggml."""
+    script = (
+        "import os, sys, types\n"
+        "fake = types.ModuleType('llama_cpp.llama_cpp'); fake._base_path = '/somewhere/else'\n"
+        "sys.modules['llama_cpp.llama_cpp'] = fake\n"
+        "import llama_metaws\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert res.returncode != 0
+    assert "import llama_metaws first" in res.stderr
