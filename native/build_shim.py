@@ -1,0 +1,41 @@
+"""The one builder of the cffi shim (API mode).
+
+The declarations cffi sees are the small headers in ``decl/``, read in ``DECLS`` order; the C
+side is ``shim.c`` compiled against the patched llama.cpp headers and linked to the patched
+libraries of one build directory (rpath set to it, so the extension resolves to the very
+copies the binding loads through ``LLAMA_CPP_LIB_PATH``). ``llama_metaws.build`` calls
+``compile_shim``; ``llama_metaws._native`` imports the result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cffi
+
+HERE = Path(__file__).resolve().parent
+MODULE_NAME = "_llama_metaws_native"
+DECLS = ("ggml_backend.h", "llama.h", "shim.h")
+
+
+def make_ffi(include_dir: Path, lib_dir: Path) -> cffi.FFI:
+    ffi = cffi.FFI()
+    for name in DECLS:
+        ffi.cdef((HERE / "decl" / name).read_text())
+    ffi.set_source(
+        MODULE_NAME,
+        '#include "shim.h"\n',
+        sources=[str(HERE / "shim.c")],
+        include_dirs=[str(HERE), str(include_dir)],
+        library_dirs=[str(lib_dir)],
+        libraries=["llama", "ggml", "ggml-base"],
+        extra_compile_args=["-std=c11", "-Wall", "-Werror=implicit-function-declaration"],
+        extra_link_args=[f"-Wl,-rpath,{lib_dir}"],
+    )
+    return ffi
+
+
+def compile_shim(out_dir: Path, include_dir: Path, lib_dir: Path) -> Path:
+    """Compile the extension into ``out_dir``; returns the path of the built module."""
+    ffi = make_ffi(include_dir, lib_dir)
+    return Path(ffi.compile(tmpdir=str(out_dir), verbose=False))
