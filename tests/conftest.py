@@ -1,0 +1,25 @@
+import pytest
+
+import llama_metaws  # noqa: F401  (points llama_cpp at the patched build; import it first)
+from llama_metaws.runtime import require_build
+
+require_build()  # no build for the current inputs: say so before anything imports llama_cpp
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_mtp_model(models_dir):
+    from llama_metaws.testing import make_tiny_mtp_model
+
+    return make_tiny_mtp_model(models_dir / "tiny-mtp.gguf", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(models_dir):
+    from llama_metaws.testing import make_tiny_model
+
+    return make_tiny_model(models_dir / "tiny-llama.gguf", seed=0)
