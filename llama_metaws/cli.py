@@ -1,0 +1,124 @@
+"""``llama-metaws``: build the patched llama.cpp, list devices, run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from . import build
+
+    try:
+        b = build.build(force=args.force)
+    except build.BuildError as e:
+        print(f"llama-metaws build: {e}", file=sys.stderr)
+        return 1
+    print(b.root)
+    return 0
+
+
+def _print_devices() -> None:
+    from .devices import list_devices
+
+    print("devices:")
+    for d in list_devices():
+        mib = d.memory_total / 2**20
+        print(f"  {d.name:<8} {d.type:<5} {mib:10.0f} MiB  {d.description}")
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    _print_devices()
+    return 0
+
+
+def _default_model() -> Path:
+    """The embedded default: the tiny MTP model, made once into the cache."""
+    from .build import cache_root
+    from .testing import make_tiny_mtp_model
+
+    path = cache_root() / "models" / "tiny-qwen35-mtp-agreement-0.8.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        make_tiny_mtp_model(path, agreement=0.8)
+    return path
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import llama_cpp
+
+    from .buffers import compute_buffers
+    from .loading import greedy_tokens, load_model, new_context
+
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
+    _print_devices()
+    model_path = Path(args.model) if args.model else _default_model()
+    print(f"\nmodel: {model_path}")
+    print(f"split: {args.split_mode} over {', '.join(devices)}")
+    v = args.verbose
+    model = load_model(model_path, devices=devices, split_mode=args.split_mode, load_mtp=True, verbose=v)
+    target = new_context(model, n_ctx=args.ctx_size, n_batch=args.ubatch_size, n_rs_seq=1, verbose=v)
+    draft = new_context(model, n_ctx=args.ctx_size, n_batch=args.ubatch_size, mtp=True, verbose=v)
+    try:
+        prompt = model.tokenize(args.prompt.encode(), add_bos=True, special=False)
+        out = greedy_tokens(target, prompt, args.n_predict)
+        text = model.detokenize(out).decode("utf-8", "replace")
+        print(f"prompt: {args.prompt!r} ({len(prompt)} tokens)")
+        print(f"greedy: {text!r} ({len(out)} tokens)")
+        print("\ncompute buffers (bytes allocated now):")
+        print(f"  {'context':<8} {'#':>2} {'buffer type':<12} {'device':<8} {'bytes':>12}")
+        total = 0
+        for name, ctx in (("target", target), ("draft", draft)):
+            for b in compute_buffers(ctx):
+                total += b.size
+                print(f"  {name:<8} {b.index:>2} {b.buffer_type:<12} {b.device:<8} {b.size:>12,}")
+        print(f"  {'total':<8} {'':>2} {'':<12} {'':<8} {total:>12,}")
+        print("  (target and draft each hold their own: the workspace issue shares them)")
+    finally:
+        draft.close()
+        target.close()
+        model.close()
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llama-metaws",
+        description="MTP speculative decoding for llama-cpp-python with a phase-aware "
+        "compute workspace (see README.md).",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="fetch, patch and build llama.cpp and the cffi shim (cached)",
+                       description="Fetch the pinned llama-cpp-python sdist, apply patches/series, "
+                       "build with CMake (CMAKE_ARGS passed through) and the cffi shim. An unchanged "
+                       "set of inputs returns at once.")
+    b.add_argument("--force", action="store_true", help="rebuild even when the build is cached")
+    b.set_defaults(func=_cmd_build)
+
+    d = sub.add_parser("devices", help="list ggml's devices")
+    d.set_defaults(func=_cmd_devices)
+
+    m = sub.add_parser("demo", help="the main job on the embedded default model",
+                       description="List the devices, load the tiny MTP model (or -m MODEL) on the "
+                       "given devices, print a greedy completion and the compute-buffer bytes of "
+                       "the target and its MTP draft context.")
+    m.add_argument("-m", "--model", help="GGUF model with nextn layers (default: the tiny one)")
+    m.add_argument("--device", "-dev", default="CPU,CPU",
+                   help="comma-separated device names, as llama.cpp prints them (default CPU,CPU)")
+    m.add_argument("-sm", "--split-mode", default="layer", choices=["none", "layer", "row", "tensor"],
+                   help="how to split the model over the devices (default layer)")
+    m.add_argument("-p", "--prompt", default="hello world")
+    m.add_argument("-n", "--n-predict", type=int, default=16)
+    m.add_argument("-c", "--ctx-size", type=int, default=256)
+    m.add_argument("-ub", "--ubatch-size", type=int, default=64)
+    m.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+    m.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = make_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,133 @@
+"""Models and contexts through the binding's low-level API, on the devices the caller names.
+
+This is the layer the CLI, the demo and the tests share: ``load_model`` fills
+``llama_model_params`` (devices, split mode, tensor split, MTP layers) and returns the
+binding's own ``_internals.LlamaModel``; ``new_context`` does the same for a context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional, Sequence, Union
+
+from .runtime import require_build
+
+require_build()  # before llama_cpp loads a library: a clear error instead of "not found"
+
+import llama_cpp  # noqa: E402
+from llama_cpp import _internals  # noqa: E402
+from llama_cpp._logger import set_verbose  # noqa: E402
+
+from .devices import DeviceList  # noqa: E402
+
+SPLIT_MODES = {
+    "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
+    "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+    "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
+    "tensor": llama_cpp.LLAMA_SPLIT_MODE_TENSOR,
+}
+
+
+def split_mode_value(mode: Union[str, int]) -> int:
+    """``"none" | "layer" | "row" | "tensor"`` or the binding's integer constants."""
+    if isinstance(mode, str):
+        try:
+            return SPLIT_MODES[mode.lower()]
+        except KeyError:
+            raise ValueError(
+                f"split_mode {mode!r} is not one of {', '.join(SPLIT_MODES)}"
+            ) from None
+    if mode not in SPLIT_MODES.values():
+        raise ValueError(f"split_mode {mode!r} is not one of {sorted(SPLIT_MODES.values())}")
+    return int(mode)
+
+
+class LoadedModel(_internals.LlamaModel):
+    """The binding's model wrapper, keeping the device array its params point at alive."""
+
+    device_list: Optional[DeviceList] = None
+    tensor_split_array = None
+
+
+def load_model(
+    path: Union[str, os.PathLike],
+    *,
+    devices: Optional[Sequence[str]] = None,
+    split_mode: Union[str, int] = "layer",
+    tensor_split: Optional[Sequence[float]] = None,
+    load_mtp: bool = False,
+    use_mmap: bool = True,
+    verbose: bool = False,
+) -> LoadedModel:
+    set_verbose(verbose)
+    params = llama_cpp.llama_model_default_params()
+    params.load_mtp = load_mtp
+    params.use_mmap = use_mmap
+    params.split_mode = split_mode_value(split_mode)
+    device_list = None
+    if devices:
+        device_list = DeviceList(devices)
+        params.devices = device_list.pointer
+        params.n_gpu_layers = 999  # every layer goes to the named devices
+    ts_array = None
+    if tensor_split:
+        ts_array = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)
+        params.tensor_split = ts_array
+    model = LoadedModel(path_model=os.fspath(path), params=params, verbose=verbose)
+    model.device_list = device_list
+    model.tensor_split_array = ts_array
+    return model
+
+
+def new_context(
+    model: _internals.LlamaModel,
+    *,
+    n_ctx: int = 256,
+    n_batch: int = 64,
+    n_ubatch: Optional[int] = None,
+    n_seq_max: int = 1,
+    mtp: bool = False,
+    n_rs_seq: int = 0,
+    verbose: bool = False,
+) -> _internals.LlamaContext:
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = n_batch
+    params.n_ubatch = n_ubatch or n_batch
+    params.n_seq_max = n_seq_max
+    params.n_rs_seq = n_rs_seq
+    if mtp:
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+    return _internals.LlamaContext(model=model, params=params, verbose=verbose)
+
+
+def greedy_tokens(ctx: _internals.LlamaContext, prompt: Sequence[int], n: int) -> list:
+    """Decode ``prompt``, then take the argmax ``n`` times, one token per decode."""
+    import numpy as np
+
+    n_vocab = llama_cpp.llama_vocab_n_tokens(ctx.model.vocab)
+    batch = _internals.LlamaBatch(n_tokens=max(len(prompt), 1), embd=0, n_seq_max=1)
+    try:
+        batch.set_batch(list(prompt), n_past=0, logits_all=False)
+        _decode(ctx, batch)
+        out = []
+        pos = len(prompt)
+        for _ in range(n):
+            logits = np.ctypeslib.as_array(
+                llama_cpp.llama_get_logits_ith(ctx.ctx, -1), shape=(n_vocab,)
+            )
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            batch.set_batch([tok], n_past=pos, logits_all=True)
+            _decode(ctx, batch)
+            pos += 1
+        return out
+    finally:
+        batch.close()
+
+
+def _decode(ctx: _internals.LlamaContext, batch: _internals.LlamaBatch) -> None:
+    rc = llama_cpp.llama_decode(ctx.ctx, batch.batch)
+    if rc != 0:
+        raise RuntimeError(f"llama_decode returned {rc}")
