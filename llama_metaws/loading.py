@@ -103,8 +103,10 @@ def new_context(
 
 
 def greedy_tokens(ctx: _internals.LlamaContext, prompt: Sequence[int], n: int) -> list:
-    """Decode ``prompt``, then take the argmax ``n`` times, one token per decode."""
+    """Decode ``prompt`` from an empty memory, then take the argmax ``n`` times, one token per decode."""
     import numpy as np
+
+    ctx.kv_cache_clear()
 
     n_vocab = llama_cpp.llama_vocab_n_tokens(ctx.model.vocab)
     batch = _internals.LlamaBatch(n_tokens=max(len(prompt), 1), embd=0, n_seq_max=1)

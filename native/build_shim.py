@@ -15,7 +15,7 @@ import cffi
 
 HERE = Path(__file__).resolve().parent
 MODULE_NAME = "_llama_metaws_native"
-DECLS = ("ggml_backend.h", "llama.h", "shim.h")
+DECLS = ("ggml_backend.h", "ggml_alloc.h", "llama.h", "shim.h")
 
 
 def make_ffi(include_dir: Path, lib_dir: Path) -> cffi.FFI:

@@ -5,6 +5,7 @@
 // turns statuses into exceptions in one place (llama_metaws/errors.py).
 #pragma once
 
+#include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "llama.h"
 
@@ -14,6 +15,9 @@
 #define LMWS_ENOMEM     -3
 #define LMWS_ENOTSUP    -4
 #define LMWS_EFAILED    -5
+
+// lmws_workspace_attach: the contexts cannot share (not an error: both stay private)
+#define LMWS_NOT_ELIGIBLE 1
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,6 +33,17 @@ struct lmws_compute_buffer {
 
 int lmws_n_compute_buffers(const struct llama_context * ctx, int * n);
 int lmws_get_compute_buffer(const struct llama_context * ctx, int i, struct lmws_compute_buffer * out);
+
+int lmws_workspace_enable(struct llama_context * ctx, bool enabled, uint32_t n_decode_tokens);
+int lmws_workspace_attach(struct llama_context * borrower, struct llama_context * owner);
+int lmws_workspace_detach(struct llama_context * ctx);
+int lmws_workspace_info(const struct llama_context * ctx, struct llama_workspace_info * info);
+int lmws_compute_buffer_state(const struct llama_context * ctx, int i, struct ggml_gallocr_buffer_state * state);
+
+int lmws_workspace_set_meta_sharing(struct llama_context * owner, int sharing);
+int lmws_cpu_meta_device(int n_devices, ggml_backend_dev_t * out);
+int lmws_repro_meta_shared(int sharing, int n_devices, uint64_t * owner_generations);
+int lmws_meta_alias_check(int n_devices, int * alias_of_plain, int * alias_of_alias);
 
 #ifdef __cplusplus
 }

@@ -2,3 +2,16 @@
 
 struct llama_model;
 struct llama_context;
+
+/* Phase-aware workspace (llama.h, patch 0005). */
+struct llama_workspace_info {
+    bool     enabled;
+    bool     paired;
+    bool     owner;
+    uint64_t generation;
+    uint64_t shrink_epoch;
+    uint32_t n_phase_tokens;
+    int32_t  n_rebuilds;
+    int32_t  n_handoff_syncs;
+    ...;
+};

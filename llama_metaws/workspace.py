@@ -1,0 +1,213 @@
+"""The phase-aware workspace: a target context and its MTP draft share compute buffers.
+
+``Workspace(target, draft)`` opts both contexts in and attaches the draft (borrower) to the
+target (owner) through patch 0005's ``llama_attach_shared_workspace``; from then on they share
+one resizable compute buffer per buffer type, prompt-sized while a prompt is processed and
+decode-sized while decoding. ``stats()`` reports each shared entry from ggml's own accounting.
+
+Modes (they differ only for meta buffers, i.e. under ``split_mode="tensor"``):
+
+- ``"alias"`` (default): share; a meta buffer is shared through a borrower alias
+  (``ggml_backend_meta_buffer_alias``): the draft computes in a second meta buffer over the
+  same per-device memory, with tensor maps of its own;
+- ``"private-meta"``: share, but meta buffers stay private to each context (no crash, no
+  saving under tensor split);
+- ``"unsafe-shared"``: share meta buffers without an alias. The draft's graph clears the
+  target's tensor maps and the target's next decode aborts the process with
+  ``GGML_ASSERT(tensor)``: it exists only to reproduce that, and refuses to run unless
+  ``allow_unsafe=True``;
+- ``"off"``: both contexts keep private buffers (nothing is attached).
+
+A pair that is not eligible falls back to private buffers with a ``WorkspaceWarning``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import List
+
+from ._native import ffi, lib
+from .buffers import context_address
+from .errors import check_error
+
+MODES = ("alias", "private-meta", "unsafe-shared", "off")
+_META_SHARING = {"alias": "GGML_GALLOCR_META_ALIAS", "private-meta": "GGML_GALLOCR_META_PRIVATE",
+                 "unsafe-shared": "GGML_GALLOCR_META_UNSAFE"}
+
+
+class WorkspaceWarning(UserWarning):
+    """The contexts could not share a workspace and keep private buffers."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkspaceEntry:
+    """One compute buffer type as the workspace sees it (bytes from ggml's accounting)."""
+
+    buffer_type: str
+    device: str
+    shared: bool          # a shared entry (False: private to one context)
+    alias: bool           # the borrower computes through a meta-buffer alias
+    owner_need: int       # the target's published requirement
+    borrower_need: int    # the draft's published requirement
+    allocated: int        # bytes allocated now (for a shared entry: once, for both)
+    generation: int       # replacements of this buffer's memory
+    n_grow: int
+    n_shrink: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkspaceInfo:
+    """Per-context state of the pairing (``llama_get_workspace_info``)."""
+
+    enabled: bool
+    paired: bool
+    owner: bool
+    generation: int
+    shrink_epoch: int
+    n_phase_tokens: int
+    n_rebuilds: int
+    n_handoff_syncs: int
+
+
+def _context_ptr(ctx, what: str):
+    if getattr(ctx, "ctx", None) is None:
+        raise ValueError(f"workspace: the {what} context is closed or not a llama context")
+    return ffi.cast("struct llama_context *", context_address(ctx))
+
+
+def context_info(ctx) -> WorkspaceInfo:
+    info = ffi.new("struct llama_workspace_info *")
+    check_error(lib.lmws_workspace_info(_context_ptr(ctx, "given"), info))
+    return WorkspaceInfo(
+        enabled=bool(info.enabled), paired=bool(info.paired), owner=bool(info.owner),
+        generation=int(info.generation), shrink_epoch=int(info.shrink_epoch),
+        n_phase_tokens=int(info.n_phase_tokens), n_rebuilds=int(info.n_rebuilds),
+        n_handoff_syncs=int(info.n_handoff_syncs),
+    )
+
+
+def _entries(ctx, role: str) -> List[tuple]:
+    """(buft address, WorkspaceEntry) for each distinct buffer type of one context."""
+    c = _context_ptr(ctx, role)
+    n = ffi.new("int *")
+    check_error(lib.lmws_n_compute_buffers(c, n))
+    buf = ffi.new("struct lmws_compute_buffer *")
+    st = ffi.new("struct ggml_gallocr_buffer_state *")
+    out, seen = [], set()
+    for i in range(n[0]):
+        check_error(lib.lmws_get_compute_buffer(c, i, buf))
+        key = int(ffi.cast("uintptr_t", buf.buft))
+        if key in seen:
+            continue  # a buffer type used by two backends has one buffer
+        seen.add(key)
+        check_error(lib.lmws_compute_buffer_state(c, i, st))
+        shared = bool(st.shared)
+        private_need = int(st.allocated) if st.role == lib.GGML_GALLOCR_ROLE_NONE else None
+        if shared:
+            owner_need, borrower_need = int(st.owner_need), int(st.borrower_need)
+        elif role == "target":
+            owner_need, borrower_need = (private_need if private_need is not None else int(st.owner_need)), 0
+        else:
+            owner_need, borrower_need = 0, (private_need if private_need is not None else int(st.borrower_need))
+        out.append((key, WorkspaceEntry(
+            buffer_type=ffi.string(lib.ggml_backend_buft_name(buf.buft)).decode(),
+            device=ffi.string(lib.ggml_backend_dev_name(buf.device)).decode() if buf.device != ffi.NULL else "",
+            shared=shared, alias=bool(st.alias), owner_need=owner_need, borrower_need=borrower_need,
+            allocated=int(st.allocated), generation=int(st.generation),
+            n_grow=int(st.n_grow), n_shrink=int(st.n_shrink),
+        )))
+    return out
+
+
+class Workspace:
+    """Attach an MTP draft context (borrower) to its target context (owner).
+
+    ``target`` and ``draft`` are the binding's ``_internals.LlamaContext`` objects (the draft
+    made with ``ctx_type = LLAMA_CONTEXT_TYPE_MTP``). ``n_decode_tokens`` is the largest batch
+    treated as decoding (for MTP: ``n_seq_max * (draft_max + 1)``); larger batches get the
+    prompt-sized reservation. The workspace keeps references to both contexts; ``close()`` (or
+    leaving a ``with`` block) detaches them. Either context may also be closed first.
+    """
+
+    def __init__(self, target, draft, *, mode: str = "alias", n_decode_tokens: int = 0,
+                 allow_unsafe: bool = False):
+        if mode not in MODES:
+            raise ValueError(f"workspace mode {mode!r} is not one of {', '.join(MODES)}")
+        if mode == "unsafe-shared" and not allow_unsafe:
+            raise ValueError(
+                "workspace mode 'unsafe-shared' aborts the process under tensor split "
+                "(GGML_ASSERT(tensor)); it exists to reproduce that crash: pass allow_unsafe=True "
+                "to run it, or use mode='alias'")
+        if n_decode_tokens < 0:
+            raise ValueError("n_decode_tokens must be >= 0")
+        self.target = target
+        self.draft = draft
+        self.mode = mode
+        self.shared = False
+        t, d = _context_ptr(target, "target"), _context_ptr(draft, "draft")
+        if mode == "off":
+            return
+        check_error(lib.lmws_workspace_enable(t, True, n_decode_tokens))
+        check_error(lib.lmws_workspace_enable(d, True, n_decode_tokens))
+        check_error(lib.lmws_workspace_set_meta_sharing(t, getattr(lib, _META_SHARING[mode])))
+        status = check_error(lib.lmws_workspace_attach(d, t))
+        if status == lib.LMWS_NOT_ELIGIBLE:
+            warnings.warn(
+                "the draft and target contexts cannot share a workspace (llama.cpp's log says "
+                "why); both keep private compute buffers", WorkspaceWarning, stacklevel=2)
+        else:
+            self.shared = True
+
+    def stats(self) -> List[WorkspaceEntry]:
+        """Each distinct compute buffer type of the pair, a shared entry listed once."""
+        out: List[WorkspaceEntry] = []
+        shared_keys = set()
+        for key, entry in _entries(self.target, "target"):
+            out.append(entry)
+            if entry.shared:
+                shared_keys.add(key)
+        for key, entry in _entries(self.draft, "draft"):
+            if key not in shared_keys or not entry.shared:
+                out.append(entry)
+        return out
+
+    def allocated(self) -> int:
+        """Compute bytes held by the pair now."""
+        return sum(e.allocated for e in self.stats())
+
+    def info(self) -> tuple:
+        """(target's, draft's) ``WorkspaceInfo``."""
+        return context_info(self.target), context_info(self.draft)
+
+    def detach(self) -> None:
+        """Both contexts go back to private buffers (reserved again at their next decode)."""
+        if self.shared and getattr(self.target, "ctx", None) is not None:
+            check_error(lib.lmws_workspace_detach(_context_ptr(self.target, "target")))
+        elif self.shared and getattr(self.draft, "ctx", None) is not None:
+            check_error(lib.lmws_workspace_detach(_context_ptr(self.draft, "draft")))
+        self.shared = False
+
+    close = detach
+
+    def __enter__(self) -> "Workspace":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def inject_alloc_failure(n: int) -> None:
+    """Testing: the n-th following backend buffer allocation fails (0: off). Process-wide."""
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    lib.ggml_backend_inject_alloc_failure(n)
+
+
+def private_bytes(ctx) -> int:
+    """Compute bytes one context holds on its own (its distinct buffer types)."""
+    return sum(e.allocated for _, e in _entries(ctx, "context"))
+
+
+__all__ = ["Workspace", "WorkspaceEntry", "WorkspaceInfo", "WorkspaceWarning", "MODES",
+           "context_info", "inject_alloc_failure", "private_bytes"]
