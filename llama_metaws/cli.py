@@ -83,6 +83,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_repro(args: argparse.Namespace) -> int:
+    import json
+
+    from .repro import LEVELS, MODES, as_expected, format_line, run_cases
+
+    levels = [args.level] if args.level else list(LEVELS)
+    modes = [args.mode] if args.mode else list(MODES)
+    records = run_cases(levels, modes, model_path=args.model,
+                        progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(records, indent=2))
+    else:
+        for r in records:
+            print(format_line(r))
+    return 0 if all(as_expected(r) for r in records) else 1
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llama-metaws",
@@ -116,6 +133,19 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("-ub", "--ubatch-size", type=int, default=64)
     m.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     m.set_defaults(func=_cmd_demo)
+    r = sub.add_parser("repro", help="reproduce GGML_ASSERT(tensor) of a shared meta buffer, and the fix",
+                       description="Run each case in its own subprocess: the ggml level (a two-device "
+                       "CPU meta backend, owner/borrower/owner in one shared buffer) and the llama level "
+                       "(the tiny MTP model under tensor split over CPU,CPU with the workspace and MTP "
+                       "drafting), for the modes unsafe-shared (expected to abort with "
+                       "GGML_ASSERT(tensor)), private-meta and alias (expected to pass). Exit status 0 "
+                       "when every case behaved as expected.")
+    r.add_argument("--level", choices=["ggml", "llama"], help="only this level")
+    r.add_argument("--mode", choices=["unsafe-shared", "private-meta", "alias"], help="only this mode")
+    r.add_argument("-m", "--model", help="GGUF model with nextn layers for the llama level (default: tiny)")
+    r.add_argument("--json", action="store_true",
+                   help="print a JSON list of {level, mode, result, message} instead of lines")
+    r.set_defaults(func=_cmd_repro)
     return p
 
 

@@ -1,0 +1,149 @@
+"""Reproduce the GGML_ASSERT(tensor) crash of a shared meta compute buffer, and its fix.
+
+Each case runs in its own subprocess (an abort is the expected outcome of some):
+
+- ``ggml`` level, a two-device CPU meta backend: the owner computes; the borrower allocates and
+  computes in the same shared buffer; the owner computes again on its reused graph.
+- ``llama`` level, the tiny qwen35 MTP model under tensor split over two CPU devices with the
+  phase-aware workspace and MTP drafting: greedy generation, compared token by token with the
+  same split without drafting.
+
+``unsafe-shared`` must die with ``GGML_ASSERT(tensor)``; ``alias`` and ``private-meta`` must
+pass. ``run_cases()`` returns one record per case; ``llama-metaws repro`` prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Optional, Sequence
+
+LEVELS = ("ggml", "llama")
+MODES = ("unsafe-shared", "private-meta", "alias")
+EXPECTED = {"unsafe-shared": "assert", "private-meta": "ok", "alias": "ok"}
+
+PROMPT = [9, 4, 17, 33, 2, 61, 8, 100, 27, 5]
+N_PREDICT = 16
+
+
+def _case_ggml(mode: str) -> str:
+    from ._native import ffi, lib
+    from .errors import check_error
+
+    sharing = {"alias": lib.GGML_GALLOCR_META_ALIAS, "private-meta": lib.GGML_GALLOCR_META_PRIVATE,
+               "unsafe-shared": lib.GGML_GALLOCR_META_UNSAFE}[mode]
+    gens = ffi.new("uint64_t[2]")
+    check_error(lib.lmws_repro_meta_shared(sharing, 2, gens))
+    return f"owner computed twice on one graph (generation {gens[0]} both times)"
+
+
+def _case_llama(mode: str, model_path: str) -> str:
+    from .loading import greedy_tokens, load_model, new_context
+    from .mtp import MTPDrafter
+    from .workspace import Workspace
+
+    draft_max = 3
+    model = load_model(model_path, devices=["CPU", "CPU"], split_mode="tensor", load_mtp=True)
+    try:
+        plain = new_context(model, n_ctx=256, n_batch=64, n_rs_seq=1)
+        reference = greedy_tokens(plain, PROMPT, N_PREDICT)
+        plain.close()
+
+        target = new_context(model, n_ctx=256, n_batch=64, n_rs_seq=draft_max)
+        draft = new_context(model, n_ctx=256, n_batch=64, mtp=True)
+        ws = Workspace(target, draft, mode=mode, n_decode_tokens=draft_max + 1,
+                       allow_unsafe=mode == "unsafe-shared")
+        drafter = MTPDrafter(target, draft, draft_max=draft_max)
+        out = drafter.generate(PROMPT, N_PREDICT)
+        if out != reference:
+            raise AssertionError(f"drafted output {out} differs from no drafting {reference}")
+        saved = sum(e.borrower_need for e in ws.stats() if e.shared)
+        ws.close()
+        draft.close()
+        target.close()
+        return (f"{N_PREDICT} tokens identical to no drafting, acceptance "
+                f"{drafter.total.acceptance:.2f}, draft compute shared: {saved} B")
+    finally:
+        model.close()
+
+
+def _child(level: str, mode: str, model_path: Optional[str]) -> int:
+    """Run one case in this process; print its message; exit 0 on success."""
+    import llama_metaws  # noqa: F401  (the patched build, before llama_cpp)
+
+    try:
+        if level == "ggml":
+            message = _case_ggml(mode)
+        else:
+            message = _case_llama(mode, model_path)
+    except Exception as e:  # a clean failure: reported, not an abort
+        print(f"FAILED: {type(e).__name__}: {e}", flush=True)
+        return 1
+    print(message, flush=True)
+    return 0
+
+
+_ASSERT = re.compile(r"(?:(\S+):(\d+): )?(GGML_ASSERT\(.*?\) failed)")
+
+
+def run_case(level: str, mode: str, *, model_path: Optional[str] = None, timeout: float = 300) -> Dict[str, str]:
+    """One case in a subprocess: ``{level, mode, result ("ok" | "assert" | "error"), message}``."""
+    if level not in LEVELS or mode not in MODES:
+        raise ValueError(f"unknown case {level}/{mode}: levels {LEVELS}, modes {MODES}")
+    cmd = [sys.executable, "-m", "llama_metaws.repro", "--child", level, mode]
+    if model_path:
+        cmd += ["--model", os.fspath(model_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    record = {"level": level, "mode": mode}
+    out = proc.stdout.strip().splitlines()
+    if proc.returncode == 0:
+        return dict(record, result="ok", message=out[-1] if out else "")
+    m = _ASSERT.search(proc.stderr)
+    if m:
+        where = f"{os.path.basename(m.group(1))}:{m.group(2)}: " if m.group(1) else ""
+        return dict(record, result="assert", message=where + m.group(3))
+    last = out[-1] if out else (proc.stderr.strip().splitlines() or [""])[-1]
+    return dict(record, result="error", message=last or f"exit status {proc.returncode}")
+
+
+def run_cases(levels: Sequence[str] = LEVELS, modes: Sequence[str] = MODES,
+              model_path: Optional[str] = None, progress=None) -> List[Dict[str, str]]:
+    """Every (level, mode) case, each in its own subprocess."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if "llama" in levels and model_path is None:
+            from .testing import make_tiny_mtp_model
+
+            model_path = os.fspath(make_tiny_mtp_model(os.path.join(tmp, "tiny-mtp.gguf"), agreement=0.8))
+        records = []
+        for level in levels:
+            for mode in modes:
+                if progress:
+                    progress(f"running {level}/{mode} ...")
+                records.append(run_case(level, mode, model_path=model_path))
+        return records
+
+
+def as_expected(record: Dict[str, str]) -> bool:
+    return record["result"] == EXPECTED[record["mode"]]
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m llama_metaws.repro")
+    p.add_argument("--child", nargs=2, metavar=("LEVEL", "MODE"), required=True)
+    p.add_argument("--model")
+    args = p.parse_args(argv)
+    return _child(args.child[0], args.child[1], args.model)
+
+
+def format_line(r: Dict[str, str]) -> str:
+    mark = "as expected" if as_expected(r) else f"UNEXPECTED (expected {EXPECTED[r['mode']]})"
+    return f"{r['level']:<6} {r['mode']:<14} {r['result']:<7} {mark}: {r['message']}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
