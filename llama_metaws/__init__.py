@@ -9,3 +9,12 @@ from . import runtime as _runtime
 __version__ = "0.1.0"
 
 _runtime.prepare()
+
+
+def __getattr__(name):
+    # the high-level classes load llama_cpp: only when asked for (the CLI's build runs without)
+    if name in ("Llama", "MTPDraftModel"):
+        from . import llama as _llama
+
+        return getattr(_llama, name)
+    raise AttributeError(f"module 'llama_metaws' has no attribute {name!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 
 from . import build as _build
@@ -29,8 +30,6 @@ lib = _module.lib
 
 def address(ptr) -> int:
     """The address behind a ctypes pointer, a cffi pointer or an int (0 for NULL)."""
-    import ctypes
-
     if ptr is None:
         return 0
     if isinstance(ptr, int):

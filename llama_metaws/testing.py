@@ -96,6 +96,13 @@ class _Tensors:
             self.ones(name, n)
 
 
+# A plain chat template, so create_chat_completion has the model's own template to use.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
 def _token_texts(n_vocab: int) -> List[str]:
     return [format(i, "x") for i in range(n_vocab)]
 
@@ -134,6 +141,8 @@ def _write_gguf(
         writer.add_token_types([int(gguf.TokenType.NORMAL)] * n_vocab)
         writer.add_add_bos_token(False)
         writer.add_add_eos_token(False)
+        writer.add_chat_template(CHAT_TEMPLATE)
+        writer.add_eos_token_id(n_vocab - 1)  # so chat completions have an end-of-generation token
 
         for name, value in tensors.items:
             writer.add_tensor(name, value)

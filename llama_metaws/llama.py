@@ -1,0 +1,354 @@
+"""``Llama``: llama-cpp-python's ``Llama`` with MTP drafting, named devices and the workspace.
+
+A subclass, so everything ``llama_cpp.Llama`` does keeps working (completions, ``__call__``,
+streaming, chat with the model's template, tokenize/detokenize, stop strings, seeds,
+logprobs): all of it runs through ``Llama.generate``, whose speculative path asks a draft
+model for tokens, evaluates them with the sampled token in one batch, samples every position
+from the target and keeps drafts only while they equal the sampled token. That keeps the
+target's distribution whether sampling is greedy or not. Here the draft model is the model's
+own MTP (NextN) head in a second context (:class:`MTPDraftModel`), fed the target's hidden
+rows by :meth:`Llama.eval`, and the two contexts share a phase-aware workspace.
+
+New keyword arguments (llama.cpp's option names):
+
+- ``draft="mtp"`` drafts with the model's NextN layers (``None``, the default: no drafting);
+  ``draft_max`` (3) tokens per step at most, ``draft_p_min`` (0.0) stops a draft at the first
+  token the head gives less probability;
+- ``devices=["CPU", "CUDA0", ...]``: device names as llama.cpp prints them; the same CPU device
+  may be listed twice (a CPU test bed); with devices, ``n_gpu_layers`` defaults to all layers;
+- ``split_mode``: ``"none" | "layer" | "row" | "tensor"`` or the binding's integers, with
+  ``tensor_split``;
+- ``phase_aware_workspace=True`` and ``workspace_mode`` (``"alias"``, ``"private-meta"``,
+  ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import List, Optional, Sequence, Union
+
+import numpy as np
+
+from .runtime import require_build
+
+require_build()  # before llama_cpp loads a library
+
+import llama_cpp  # noqa: E402
+import llama_cpp.llama_cpp as llama_cpp_lib  # noqa: E402
+from llama_cpp import _internals  # noqa: E402
+from llama_cpp.llama_speculative import LlamaDraftModel  # noqa: E402
+
+from . import devices as _devices  # noqa: E402
+from .loading import split_mode_value  # noqa: E402
+from .mtp import DRAFT, DraftStats, MTPDrafter  # noqa: E402
+from .workspace import MODES as WORKSPACE_MODES  # noqa: E402
+from .workspace import Workspace  # noqa: E402
+
+__all__ = ["Llama", "MTPDraftModel", "DraftStatsReport"]
+
+DRAFT_KINDS = ("mtp",)
+
+# llama_cpp.Llama builds its params from llama_cpp.llama_model_default_params() and
+# llama_context_default_params(); while one of ours is constructed, those return params with
+# the fields the binding has no keyword for (devices, load_mtp, n_rs_seq) already set.
+_defaults_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _param_defaults(model_fields: dict, context_fields: dict):
+    orig_model = llama_cpp_lib.llama_model_default_params
+    orig_ctx = llama_cpp_lib.llama_context_default_params
+
+    def model_defaults():
+        p = orig_model()
+        for k, v in model_fields.items():
+            setattr(p, k, v)
+        return p
+
+    def context_defaults():
+        p = orig_ctx()
+        for k, v in context_fields.items():
+            setattr(p, k, v)
+        return p
+
+    with _defaults_lock:
+        llama_cpp_lib.llama_model_default_params = model_defaults
+        llama_cpp_lib.llama_context_default_params = context_defaults
+        try:
+            yield
+        finally:
+            llama_cpp_lib.llama_model_default_params = orig_model
+            llama_cpp_lib.llama_context_default_params = orig_ctx
+
+
+def _gguf_nextn_layers(path: str) -> tuple:
+    """(architecture, nextn_predict_layers) from the file's metadata, without loading it."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:
+        raise ValueError(f"cannot read the GGUF metadata of {path}: {e}") from None
+    arch_field = reader.get_field("general.architecture")
+    if arch_field is None:
+        raise ValueError(f"{path} has no general.architecture: not a llama.cpp model")
+    arch = arch_field.contents()
+    field = reader.get_field(f"{arch}.nextn_predict_layers")
+    return arch, int(field.contents()) if field is not None else 0
+
+
+class DraftStatsReport:
+    """Draft statistics: ``last`` (the last request) and ``total`` (since the model loaded)."""
+
+    def __init__(self) -> None:
+        self.last = DraftStats()
+        self.total = DraftStats()
+
+    def __repr__(self) -> str:
+        return (f"DraftStatsReport(last={self.last} acceptance={self.last.acceptance:.3f}, "
+                f"total={self.total} acceptance={self.total.acceptance:.3f})")
+
+
+class MTPDraftModel(LlamaDraftModel):
+    """The model's MTP head as a llama-cpp-python draft model.
+
+    It keeps the draft context in step with the target: :meth:`Llama.eval` hands it every
+    decoded batch (:meth:`target_decoded`), and before each evaluation :meth:`sync` cuts it
+    back to where the target was cut (a rejected draft, a reset, a reused prefix). Called with
+    the tokens so far (the last one sampled, not yet evaluated), it drafts from that token and
+    the target's hidden row before it.
+    """
+
+    def __init__(self, drafter: MTPDrafter, stats: DraftStatsReport):
+        self.drafter = drafter
+        self.stats = stats
+        self.fed = 0                  # positions the draft context holds
+        self.rows = {}                # position -> the target's hidden row (recent ones)
+        self.open_draft = None        # [first draft position, count, verified] awaiting the verdict
+
+    # the target's side ----------------------------------------------------------------------
+
+    def sync(self, n_tokens: int) -> None:
+        """The target holds ``n_tokens`` positions: settle the last draft, cut the draft context."""
+        self._settle(n_tokens)
+        d = self.drafter
+        if n_tokens == 0:
+            if self.fed:
+                d._seq_rm(DRAFT, 0)
+            self.fed = 0
+            self.rows.clear()
+            d._pending = np.zeros(d.n_embd, dtype=np.float32)
+        elif self.fed > n_tokens:
+            d._seq_rm(DRAFT, n_tokens)
+            self.fed = n_tokens
+            # the row of the last kept position, when it is still known (else a zero row:
+            # drafts get worse, outputs do not change)
+            row = self.rows.get(n_tokens - 1)
+            d._pending = row.copy() if row is not None else np.zeros(d.n_embd, dtype=np.float32)
+
+    def _settle(self, n_tokens: int) -> None:
+        """Count the open draft once it was verified: the sampling since kept what it accepted."""
+        if self.open_draft is None or not self.open_draft[2]:
+            return
+        start, count, _ = self.open_draft
+        accepted = max(0, min(n_tokens, start + count) - start)
+        for s in (self.stats.last, self.stats.total):
+            s.drafted += count
+            s.accepted += accepted
+            s.steps += 1
+        self.open_draft = None
+
+    def target_decoded(self, tokens: Sequence[int], pos0: int) -> None:
+        """The target decoded ``tokens`` at ``pos0``: feed the draft, token p with row p-1."""
+        d = self.drafter
+        if pos0 != self.fed:  # out of step (should not happen): start the draft afresh
+            self.sync(0)
+            if pos0 != 0:
+                return
+        h = d._target_rows(len(tokens))
+        keep = {p: r for p, r in self.rows.items() if p >= pos0 - 1}
+        d._feed_draft(list(tokens), pos0, h, "prompt" if len(tokens) > 1 else "decode")
+        for i in range(len(tokens)):
+            keep[pos0 + i] = h[i]
+        if self.open_draft is not None and pos0 < self.open_draft[0] <= pos0 + len(tokens):
+            self.open_draft[2] = True
+        self.rows = keep
+        self.fed = pos0 + len(tokens)
+
+    # the draft model interface --------------------------------------------------------------
+
+    def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
+        d = self.drafter
+        n_past = len(input_ids) - 1  # position of the last (sampled, not evaluated) token
+        self._settle(n_past)
+        if n_past != self.fed or n_past < 1:
+            return np.array([], dtype=np.intc)
+        n_draft = min(d.draft_max, d.n_ctx - n_past - 1)
+        drafts = d._draft(int(input_ids[-1]), n_past, n_draft)
+        self.open_draft = [n_past + 1, len(drafts), False] if drafts else None
+        return np.array(drafts, dtype=np.intc)
+
+
+class Llama(llama_cpp.Llama):
+    """llama-cpp-python's ``Llama`` with MTP drafting, named devices and the workspace.
+
+    See the module docstring for the new keyword arguments; every other argument is
+    ``llama_cpp.Llama``'s. Extra attributes: :attr:`draft_stats`, :meth:`workspace_stats`,
+    :meth:`timings`.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *args,
+        draft: Optional[str] = None,
+        draft_max: int = 3,
+        draft_p_min: float = 0.0,
+        devices: Optional[Sequence[str]] = None,
+        split_mode: Union[str, int] = llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+        tensor_split: Optional[List[float]] = None,
+        phase_aware_workspace: bool = True,
+        workspace_mode: str = "alias",
+        allow_unsafe_workspace: bool = False,
+        **kwargs,
+    ):
+        self._mtp: Optional[MTPDraftModel] = None
+        self._draft_ctx = None
+        self._workspace: Optional[Workspace] = None
+        self.draft_stats = DraftStatsReport()
+
+        # arguments first: a clear ValueError before anything is loaded
+        if draft is not None and draft not in DRAFT_KINDS:
+            raise ValueError(f"draft={draft!r}: the supported kinds are {DRAFT_KINDS} (or None)")
+        if isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1:
+            raise ValueError(f"draft_max must be an integer >= 1, got {draft_max!r}")
+        if not (0.0 <= float(draft_p_min) <= 1.0):
+            raise ValueError(f"draft_p_min must be in [0, 1], got {draft_p_min!r}")
+        if workspace_mode not in WORKSPACE_MODES:
+            raise ValueError(f"workspace_mode {workspace_mode!r} is not one of {', '.join(WORKSPACE_MODES)}")
+        if workspace_mode == "unsafe-shared" and not allow_unsafe_workspace:
+            raise ValueError("workspace_mode='unsafe-shared' aborts the process under tensor split; "
+                             "pass allow_unsafe_workspace=True to reproduce that, or use 'alias'")
+        split = split_mode_value(split_mode)
+        if not os.path.exists(model_path):
+            raise ValueError(f"Model path does not exist: {model_path}")
+        if os.path.getsize(model_path) == 0:
+            raise ValueError(f"Model file is empty: {model_path}")
+
+        model_fields, context_fields = {}, {}
+        self._device_list = None
+        if devices:
+            self._device_list = _devices.DeviceList(list(devices))  # ValueError lists the devices
+            model_fields["devices"] = self._device_list.pointer
+            kwargs.setdefault("n_gpu_layers", -1)
+        if split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:
+            n_dev = len(self._device_list) if self._device_list else sum(
+                d.type != "cpu" for d in _devices.list_devices())
+            if n_dev < 2:
+                raise ValueError(
+                    "split_mode='tensor' splits every tensor over several devices: give at least two, "
+                    "e.g. devices=['CPU', 'CPU'] for a CPU test bed")
+        if draft == "mtp":
+            arch, n_nextn = _gguf_nextn_layers(model_path)
+            if n_nextn < 1:
+                raise ValueError(
+                    f"draft='mtp' needs a model with NextN (MTP) layers; this {arch!r} model has none "
+                    f"({arch}.nextn_predict_layers is missing or 0). Use draft=None, or an MTP model "
+                    f"(qwen35, qwen3next, glm4-moe, deepseek2, ...)")
+            model_fields["load_mtp"] = True
+            context_fields["n_rs_seq"] = draft_max  # recurrent targets roll back rejected drafts
+            n_ubatch = kwargs.get("n_ubatch", 512)
+            if draft_max + 1 > min(kwargs.get("n_batch", 512), n_ubatch):
+                raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} "
+                                 "tokens must fit n_batch and n_ubatch")
+
+        with _param_defaults(model_fields, context_fields):
+            super().__init__(
+                model_path, *args, split_mode=split, tensor_split=tensor_split,
+                draft_model=MTPDraftModel.__new__(MTPDraftModel) if draft == "mtp" else None,
+                **kwargs,
+            )
+
+        if draft == "mtp":
+            self._setup_mtp(draft_max, float(draft_p_min), phase_aware_workspace, workspace_mode,
+                            allow_unsafe_workspace)
+
+    # ---------------------------------------------------------------------------------------
+
+    def _setup_mtp(self, draft_max, p_min, phase_aware, mode, allow_unsafe) -> None:
+        cp = llama_cpp.llama_context_default_params()
+        cp.n_ctx = self.context_params.n_ctx
+        cp.n_batch = self.context_params.n_batch
+        cp.n_ubatch = self.context_params.n_ubatch
+        cp.n_seq_max = self.context_params.n_seq_max
+        cp.n_threads = self.context_params.n_threads
+        cp.n_threads_batch = self.context_params.n_threads_batch
+        cp.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        cp.n_rs_seq = 0
+        self._draft_ctx = self._stack.enter_context(contextlib.closing(
+            _internals.LlamaContext(model=self._model, params=cp, verbose=self.verbose)))
+        drafter = MTPDrafter(self._ctx, self._draft_ctx, draft_max=draft_max, p_min=p_min)
+        self._stack.callback(drafter.close)
+        # the draft model object was handed to llama_cpp.Llama before the model existed
+        self.draft_model.__init__(drafter, self.draft_stats)
+        self._mtp = self.draft_model
+        if phase_aware and mode != "off":
+            n_decode = self.context_params.n_seq_max * (draft_max + 1)
+            self._workspace = Workspace(self._ctx, self._draft_ctx, mode=mode,
+                                        n_decode_tokens=n_decode, allow_unsafe=allow_unsafe)
+            self._stack.callback(self._workspace.close)  # before the contexts go (LIFO)
+
+    def eval(self, tokens: Sequence[int]):
+        """Evaluate tokens on the target; with MTP drafting, feed the draft context too."""
+        if self._mtp is None:
+            return super().eval(tokens)
+        self._mtp.sync(self.n_tokens)
+        self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = list(tokens[start : start + self.n_batch])
+            n_past, n = self.n_tokens, len(chunk)
+            self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=self._logits_all)
+            self._ctx.decode(self._batch)
+            self.input_ids[n_past : n_past + n] = chunk
+            if self._logits_all:
+                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,))
+                self.scores[n_past : n_past + n, :].reshape(-1)[::] = logits
+            self.n_tokens += n
+            self._mtp.target_decoded(chunk, n_past)
+        self._requires_eval = False
+
+    def generate(self, tokens, *args, **kwargs):
+        """``llama_cpp.Llama.generate``; the draft statistics of this request start at zero."""
+        self.draft_stats.last = DraftStats()
+        try:
+            yield from super().generate(tokens, *args, **kwargs)
+        finally:
+            if self._mtp is not None:
+                # a draft verified but not settled when the request stopped is not counted:
+                # its positions were never all sampled
+                self._mtp.open_draft = None
+
+    def workspace_stats(self):
+        """Per compute buffer type: requirements, bytes allocated, generation, grows/shrinks."""
+        if self._workspace is None:
+            return []
+        return self._workspace.stats()
+
+    def timings(self) -> dict:
+        """Prompt and decode tokens/s of the target context (llama.cpp's perf counters)."""
+        perf = llama_cpp.llama_perf_context(self._ctx.ctx)
+        return {
+            "prompt_tokens": int(perf.n_p_eval),
+            "prompt_tokens_per_s": 1e3 * perf.n_p_eval / perf.t_p_eval_ms if perf.t_p_eval_ms > 0 else 0.0,
+            "decode_tokens": int(perf.n_eval),
+            "decode_tokens_per_s": 1e3 * perf.n_eval / perf.t_eval_ms if perf.t_eval_ms > 0 else 0.0,
+        }
+
+    def close(self) -> None:
+        """Free everything; closing twice is harmless."""
+        if getattr(self, "_stack", None) is None:
+            return
+        self._mtp = None
+        super().close()
