@@ -18,6 +18,7 @@ New keyword arguments (llama.cpp's option names):
   may be listed twice (a CPU test bed); with devices, ``n_gpu_layers`` defaults to all layers;
 - ``split_mode``: ``"none" | "layer" | "row" | "tensor"`` or the binding's integers, with
   ``tensor_split``;
+- ``n_seq_max`` (llama.cpp's ``-np``): sequences the contexts hold;
 - ``phase_aware_workspace=True`` and ``workspace_mode`` (``"alias"``, ``"private-meta"``,
   ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash).
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
@@ -212,12 +214,15 @@ class Llama(llama_cpp.Llama):
         phase_aware_workspace: bool = True,
         workspace_mode: str = "alias",
         allow_unsafe_workspace: bool = False,
+        n_seq_max: int = 1,
         **kwargs,
     ):
         self._mtp: Optional[MTPDraftModel] = None
         self._draft_ctx = None
         self._workspace: Optional[Workspace] = None
         self.draft_stats = DraftStatsReport()
+        self._timings = {"prompt_tokens": 0, "prompt_tokens_per_s": 0.0, "decode_tokens": 0,
+                         "decode_tokens_per_s": 0.0}
 
         # arguments first: a clear ValueError before anything is loaded
         if draft is not None and draft not in DRAFT_KINDS:
@@ -237,7 +242,9 @@ class Llama(llama_cpp.Llama):
         if os.path.getsize(model_path) == 0:
             raise ValueError(f"Model file is empty: {model_path}")
 
-        model_fields, context_fields = {}, {}
+        if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, int) or n_seq_max < 1:
+            raise ValueError(f"n_seq_max must be an integer >= 1, got {n_seq_max!r}")
+        model_fields, context_fields = {}, {"n_seq_max": n_seq_max}
         self._device_list = None
         if devices:
             self._device_list = _devices.DeviceList(list(devices))  # ValueError lists the devices
@@ -250,6 +257,10 @@ class Llama(llama_cpp.Llama):
                 raise ValueError(
                     "split_mode='tensor' splits every tensor over several devices: give at least two, "
                     "e.g. devices=['CPU', 'CPU'] for a CPU test bed")
+            if kwargs.get("flash_attn") is False:
+                raise ValueError("split_mode='tensor' needs flash attention: leave flash_attn at its "
+                                 "default or set it to True")
+            kwargs["flash_attn"] = True  # llama.cpp refuses a tensor-split context without it
         if draft == "mtp":
             arch, n_nextn = _gguf_nextn_layers(model_path)
             if n_nextn < 1:
@@ -264,11 +275,15 @@ class Llama(llama_cpp.Llama):
                 raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} "
                                  "tokens must fit n_batch and n_ubatch")
 
+        draft_model = kwargs.pop("draft_model", None)  # the binding's own (prompt lookup, ...)
+        if draft == "mtp":
+            if draft_model is not None:
+                raise ValueError("draft='mtp' and draft_model=... both give a draft model: choose one")
+            draft_model = MTPDraftModel.__new__(MTPDraftModel)  # set up once the model is loaded
         with _param_defaults(model_fields, context_fields):
             super().__init__(
                 model_path, *args, split_mode=split, tensor_split=tensor_split,
-                draft_model=MTPDraftModel.__new__(MTPDraftModel) if draft == "mtp" else None,
-                **kwargs,
+                draft_model=draft_model, **kwargs,
             )
 
         if draft == "mtp":
@@ -320,11 +335,32 @@ class Llama(llama_cpp.Llama):
         self._requires_eval = False
 
     def generate(self, tokens, *args, **kwargs):
-        """``llama_cpp.Llama.generate``; the draft statistics of this request start at zero."""
+        """``llama_cpp.Llama.generate``, timed; the draft statistics of this request start at zero."""
         self.draft_stats.last = DraftStats()
+        if self._mtp is not None and (self._is_recurrent or self._is_hybrid) and kwargs.get("reset", True):
+            # the binding would reuse a cached prompt prefix by removing the positions after it;
+            # a recurrent state kept for rolling back drafts (n_rs_seq) makes that removal
+            # succeed where it must not, so a recurrent target starts every request afresh
+            self.reset()
+        n_prompt = len(tokens)
+        t0 = time.perf_counter()
+        t_first, n_out = None, 0
         try:
-            yield from super().generate(tokens, *args, **kwargs)
+            for token in super().generate(tokens, *args, **kwargs):
+                if t_first is None:
+                    t_first = time.perf_counter()
+                n_out += 1
+                sent = yield token
+                if sent is not None:  # the binding's protocol: extra tokens to evaluate
+                    raise NotImplementedError("sending tokens into generate() is not supported with MTP")
         finally:
+            t_end = time.perf_counter()
+            self._timings = {
+                "prompt_tokens": n_prompt,
+                "prompt_tokens_per_s": n_prompt / (t_first - t0) if t_first and t_first > t0 else 0.0,
+                "decode_tokens": max(n_out - 1, 0),
+                "decode_tokens_per_s": (n_out - 1) / (t_end - t_first) if t_first and n_out > 1 and t_end > t_first else 0.0,
+            }
             if self._mtp is not None:
                 # a draft verified but not settled when the request stopped is not counted:
                 # its positions were never all sampled
@@ -337,14 +373,15 @@ class Llama(llama_cpp.Llama):
         return self._workspace.stats()
 
     def timings(self) -> dict:
-        """Prompt and decode tokens/s of the target context (llama.cpp's perf counters)."""
-        perf = llama_cpp.llama_perf_context(self._ctx.ctx)
-        return {
-            "prompt_tokens": int(perf.n_p_eval),
-            "prompt_tokens_per_s": 1e3 * perf.n_p_eval / perf.t_p_eval_ms if perf.t_p_eval_ms > 0 else 0.0,
-            "decode_tokens": int(perf.n_eval),
-            "decode_tokens_per_s": 1e3 * perf.n_eval / perf.t_eval_ms if perf.t_eval_ms > 0 else 0.0,
-        }
+        """The last request's prompt and decode speed: ``prompt_tokens``, ``prompt_tokens_per_s``
+        (until the first token), ``decode_tokens``, ``decode_tokens_per_s`` (the tokens after it)."""
+        return dict(self._timings)
+
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         """Free everything; closing twice is harmless."""

@@ -96,6 +96,9 @@ class _Tensors:
             self.ones(name, n)
 
 
+# The end-of-generation token of every tiny model (the last one).
+EOS_TOKEN = N_VOCAB - 1
+
 # A plain chat template, so create_chat_completion has the model's own template to use.
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
@@ -142,7 +145,7 @@ def _write_gguf(
         writer.add_add_bos_token(False)
         writer.add_add_eos_token(False)
         writer.add_chat_template(CHAT_TEMPLATE)
-        writer.add_eos_token_id(n_vocab - 1)  # so chat completions have an end-of-generation token
+        writer.add_eos_token_id(EOS_TOKEN)  # so chat completions have an end-of-generation token
 
         for name, value in tensors.items:
             writer.add_tensor(name, value)
@@ -256,9 +259,10 @@ def _qwen35_mtp_block(
 def mtp_agreement_plan(agreement: float, seed: int = 0) -> Dict[str, np.ndarray]:
     """The token-level plan behind :func:`make_tiny_mtp_model` with ``agreement`` set.
 
-    Returns a dict of int64 arrays of length :data:`N_VOCAB`:
+    Returns a dict of int64 arrays of length :data:`N_VOCAB` (``cycle``: one less):
 
-    * ``cycle``: the tokens in successor order, ``succ(cycle[k]) == cycle[(k+1) % V]``;
+    * ``cycle``: the tokens but :data:`EOS_TOKEN`, in successor order,
+      ``succ(cycle[k]) == cycle[(k+1) % (V-1)]`` (so greedy generation never ends);
     * ``succ``: ``succ[t]`` is the target's greedy next token after ``t``;
     * ``agree``: 1 where the MTP head's choice after ``t`` equals ``succ[t]``, else 0;
     * ``draft``: ``draft[t]`` is the MTP head's greedy choice after ``t``.
@@ -282,15 +286,18 @@ def _agreement_plan(
     V, E = N_VOCAB, N_EMBD
     q, _ = np.linalg.qr(rng.standard_normal((E, V)))  # E x V, orthonormal columns
     emb = np.ascontiguousarray(q.T)  # V x E, orthonormal rows
-    cycle = rng.permutation(V).astype(np.int64)
+    # the last token is the end of generation: the cycle leaves it out, so greedy decoding
+    # never ends on its own; after it (a prompt may hold it) comes the cycle's first token
+    cycle = rng.permutation(V - 1).astype(np.int64)
     succ = np.empty(V, dtype=np.int64)
     succ[cycle] = np.roll(cycle, -1)
-    k = np.arange(V, dtype=np.int64)
+    succ[EOS_TOKEN] = cycle[0]
+    k = np.arange(V - 1, dtype=np.int64)
     # Low-discrepancy (Sturmian) pattern along the cycle: position k agrees iff
     # floor((k+1)a) > floor(ka). Any L consecutive positions without wrap-around hold
     # floor(La) or ceil(La) agreements; with one wrap the error stays under 2.
     on_cycle = (np.floor((k + 1) * a + 1e-9) > np.floor(k * a + 1e-9)).astype(np.int64)
-    agree = np.empty(V, dtype=np.int64)
+    agree = np.ones(V, dtype=np.int64)
     agree[cycle] = on_cycle
     # pi(t) = t on agreeing tokens, succ(t) elsewhere; the draft predicts succ(pi(t))
     pi = np.where(agree == 1, np.arange(V), succ)
@@ -324,7 +331,8 @@ def make_tiny_mtp_model(
        last hidden state after ``output_norm`` (weight 1) is ``~16 * e_x`` for the current
        token ``x``, whatever the context.
     3. ``output`` row ``succ(t)`` is ``(LOGIT_MARGIN / 16) * e_t``, where ``succ`` is a single
-       seeded cycle through all 128 tokens: after ``x`` the target's logits are
+       seeded cycle through all tokens but the end-of-generation one (:data:`EOS_TOKEN`, whose
+       row is zero: greedy decoding never ends by itself): after ``x`` the target's logits are
        ``LOGIT_MARGIN`` (10) for ``succ(x)`` and ~0 elsewhere (softmax peak ~0.994), so the
        greedy continuation walks the cycle.
     4. The MTP block gets ``(x, h)`` -- the token just chosen and the target's hidden row of
@@ -354,8 +362,11 @@ def make_tiny_mtp_model(
     else:
         plan, emb = _agreement_plan(rng, _check_agreement(agreement))
         scale = LOGIT_MARGIN / np.sqrt(E)
-        output = np.empty((V, E))
-        output[plan["succ"]] = scale * emb  # row succ(t) = scale * e_t
+        # row succ(t) = scale * e_t; the end-of-generation row stays zero (never chosen), and
+        # the row after it also answers to e_EOS
+        output = np.zeros((V, E))
+        output[plan["succ"][plan["cycle"]]] = scale * emb[plan["cycle"]]
+        output[plan["succ"][EOS_TOKEN]] += scale * emb[EOS_TOKEN]
         m = emb[plan["pi"]].T @ emb  # M @ e_t = e_pi(t)
         eh_proj = np.zeros((E, 2 * E))
         eh_proj[:, :E] = m  # embedding half; the hidden half stays zero

@@ -1,0 +1,218 @@
+"""The patched Llama: a drop-in for llama_cpp.Llama with MTP drafting, devices, split modes."""
+
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+import llama_cpp
+
+from llama_metaws import Llama
+from llama_metaws.testing import EOS_TOKEN, make_tiny_model, make_tiny_mtp_model
+
+KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
+PROMPT = "the quick brown fox jumps"
+
+
+@pytest.fixture(scope="module")
+def agree_path(models_dir):
+    return str(make_tiny_mtp_model(models_dir / "llm-agree.gguf", seed=21, agreement=0.8))
+
+
+@pytest.fixture(scope="module")
+def random_path(models_dir):
+    return str(make_tiny_mtp_model(models_dir / "llm-random.gguf", seed=22))
+
+
+def _text(llm, prompt=PROMPT, **kw):
+    return llm.create_completion(prompt, max_tokens=kw.pop("max_tokens", 24), **kw)["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("split", [
+    dict(split_mode="none"),
+    dict(split_mode="layer", devices=["CPU", "CPU"]),
+    dict(split_mode="tensor", devices=["CPU", "CPU"]),
+])
+def test_greedy_identity_with_and_without_drafting(agree_path, split):
+    with Llama(agree_path, **KW, **split) as plain, Llama(agree_path, draft="mtp", **KW, **split) as llm:
+        for prompt in (PROMPT, "a", PROMPT * 6):  # short, one chunk, longer than n_ubatch
+            assert _text(llm, prompt, temperature=0.0) == _text(plain, prompt, temperature=0.0), prompt
+        assert llm.draft_stats.total.drafted > 0 and llm.draft_stats.total.accepted > 0
+        entries = llm.workspace_stats()
+        assert entries and all(e.allocated > 0 for e in entries)
+        if split["split_mode"] == "tensor":
+            assert any(e.alias for e in entries)
+
+
+@pytest.mark.parametrize("agreement,check", [(1.0, lambda a: a >= 0.9), (0.0, lambda a: a <= 0.1)])
+def test_acceptance_follows_the_agreement_models(models_dir, agreement, check):
+    path = str(make_tiny_mtp_model(models_dir / f"llm-a{agreement}.gguf", seed=23, agreement=agreement))
+    with Llama(path, draft="mtp", **KW) as llm:
+        _text(llm, max_tokens=40, temperature=0.0)
+        last = llm.draft_stats.last
+        assert last.drafted > 0
+        assert check(last.acceptance), llm.draft_stats
+        _text(llm, "b", max_tokens=20, temperature=0.0)
+        assert llm.draft_stats.total.drafted > last.drafted  # total keeps counting
+        t = llm.timings()
+        assert t["decode_tokens"] > 0 and t["decode_tokens_per_s"] > 0 and t["prompt_tokens_per_s"] > 0
+
+
+SAMPLING = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=3)
+
+
+def test_sampled_decoding_with_a_fixed_seed_is_reproducible(random_path):
+    with Llama(random_path, draft="mtp", **KW) as llm:
+        a = [_text(llm, seed=s, **SAMPLING) for s in (1, 2, 3)]
+        b = [_text(llm, seed=s, **SAMPLING) for s in (1, 2, 3)]
+    assert a == b and len(set(a)) > 1
+
+
+def _chi2_threshold(df: int, z: float = 3.09) -> float:
+    """Upper 0.001 quantile of chi-square (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampled_tokens_keep_the_targets_distribution(random_path):
+    """First token: chi-square against the target's softmax (p < 0.001 fails). Three tokens, the
+    later ones decided with drafts in play: drafting must not change what a seed samples."""
+    n = 400
+    with Llama(random_path, logits_all=True, **KW) as plain:
+        plain.eval(plain.tokenize(PROMPT.encode(), add_bos=False))
+        logits = np.array(plain.scores[plain.n_tokens - 1], dtype=np.float64)
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        plain_pairs = [_text(plain, seed=s, **SAMPLING) for s in range(n)]
+    with Llama(random_path, draft="mtp", **KW) as llm:
+        # the TEST vocabulary prints a token as its id in hex; the end of generation prints nothing
+        texts = [_text(llm, seed=s, **dict(SAMPLING, max_tokens=1)) for s in range(n)]
+        first = [int(t, 16) if t else EOS_TOKEN for t in texts]
+        pairs = [_text(llm, seed=s, **SAMPLING) for s in range(n)]
+        drafted = llm.draft_stats.total.drafted
+
+    counts = np.bincount(first, minlength=len(probs)).astype(float)
+    expected = probs * n
+    big = expected >= 5  # pool the rare tokens into one cell
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    chi2 = float(((obs - exp) ** 2 / exp).sum())
+    assert chi2 < _chi2_threshold(len(obs) - 1), (chi2, len(obs))
+
+    assert drafted > 0
+    same = sum(a == b for a, b in zip(pairs, plain_pairs))
+    assert same >= 0.99 * n, f"{same}/{n} seeds sampled the same three tokens"
+
+
+def test_drop_in_features(agree_path):
+    with Llama(agree_path, draft="mtp", logits_all=True, **KW) as llm:
+        assert isinstance(llm, llama_cpp.Llama)
+        toks = llm.tokenize(b"hello world", add_bos=False)
+        assert toks and llm.detokenize(toks)
+        full = _text(llm, temperature=0.0, max_tokens=12)
+        assert llm(PROMPT, max_tokens=12, temperature=0.0)["choices"][0]["text"] == full
+        streamed = "".join(c["choices"][0]["text"] for c in
+                           llm.create_completion(PROMPT, max_tokens=12, temperature=0.0, stream=True))
+        assert streamed == full
+        stop = full[4:6]
+        cut = _text(llm, temperature=0.0, max_tokens=12, stop=[stop])
+        assert stop not in cut and full.startswith(cut)
+        res = llm.create_completion(PROMPT, max_tokens=5, temperature=0.0, logprobs=3)
+        assert res["usage"]["completion_tokens"] == 5
+        assert len(res["choices"][0]["logprobs"]["tokens"]) == 5
+        chat = llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                          temperature=0.0)
+        assert chat["choices"][0]["message"]["role"] == "assistant"
+        assert chat["choices"][0]["message"]["content"]
+
+
+def test_bad_inputs_are_exceptions(agree_path, models_dir, tmp_path):
+    plain_model = str(make_tiny_model(models_dir / "llm-llama.gguf", arch="llama"))
+    with pytest.raises(ValueError, match="'llama' model has none"):
+        Llama(plain_model, draft="mtp", **KW)
+    with pytest.raises(ValueError, match=r"unknown device 'CUDA9'.*CPU"):
+        Llama(agree_path, devices=["CUDA9"], **KW)
+    with pytest.raises(ValueError, match="at least two"):
+        Llama(agree_path, devices=["CPU"], split_mode="tensor", **KW)
+    with pytest.raises(ValueError, match="split_mode 'diagonal'"):
+        Llama(agree_path, split_mode="diagonal", **KW)
+    with pytest.raises(ValueError, match="draft_max must be an integer >= 1"):
+        Llama(agree_path, draft="mtp", draft_max=0, **KW)
+    with pytest.raises(ValueError, match="does not exist"):
+        Llama(str(tmp_path / "missing.gguf"), **KW)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(open(agree_path, "rb").read()[: 1 << 20])
+    with pytest.raises(ValueError):
+        Llama(str(truncated), draft="mtp", **KW)
+    with pytest.raises(ValueError, match="allow_unsafe_workspace"):
+        Llama(agree_path, draft="mtp", workspace_mode="unsafe-shared", **KW)
+    llm = Llama(agree_path, draft="mtp", **KW)
+    llm.close()
+    llm.close()  # harmless
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url, body, stream=False):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        if not stream:
+            return json.loads(r.read())
+        return [json.loads(line[6:]) for line in r.read().decode().splitlines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_the_server_answers_chat_completions_over_http(agree_path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_metaws", "serve", "-m", agree_path, "--spec-type", "draft-mtp",
+         "--phase-aware-workspace", "-c", "256", "-b", "64", "-ub", "64", "--host", "127.0.0.1",
+         "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/models", timeout=2) as r:
+                    assert json.loads(r.read())["data"]
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read()
+                assert time.time() < deadline, "the server did not come up"
+                time.sleep(0.3)
+        msg = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
+        res = _post(base + "/chat/completions", msg)
+        content = res["choices"][0]["message"]["content"]
+        assert content
+        chunks = _post(base + "/chat/completions", dict(msg, stream=True), stream=True)
+        streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        assert streamed == content
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_cli_takes_llama_cpp_flags(agree_path):
+    cmd = [sys.executable, "-m", "llama_metaws", "generate", "-m", agree_path, "--device", "CPU,CPU",
+           "-sm", "tensor", "-ts", "0.55,0.45", "--spec-type", "draft-mtp", "--phase-aware-workspace",
+           "-np", "2", "-c", "256", "-ub", "64", "-p", PROMPT, "-n", "16"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip()
+    assert "draft:" in res.stderr and "alias=True" in res.stderr
+    with Llama(agree_path, devices=["CPU", "CPU"], split_mode="tensor", n_seq_max=2, **KW) as plain:
+        assert res.stdout.strip() == _text(plain, max_tokens=16, temperature=0.0).strip()
+    bad = subprocess.run([sys.executable, "-m", "llama_metaws", "generate", "-m", agree_path,
+                          "-p", "x", "--draft-pmin", "0.5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--draft-pmin" in bad.stderr
