@@ -10,7 +10,16 @@ PY     := $(VENV)/bin/python
 # The binding is installed without its own native build: our patched build replaces it.
 BINDING_CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 
-.PHONY: setup build demo test bench clean-build
+# The sanitizer build: AddressSanitizer + UndefinedBehaviorSanitizer over the patched ggml/llama
+# and the shim (its own cache key), and the workspace/alias/repro tests under it.
+SANITIZE_CMAKE_ARGS := -DGGML_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_UNDEFINED=ON \
+	-DLLAMA_SANITIZE_ADDRESS=ON -DLLAMA_SANITIZE_UNDEFINED=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+SANITIZE_ENV := CMAKE_ARGS="$(SANITIZE_CMAKE_ARGS)" \
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py
+
+.PHONY: setup build demo test bench sanitize clean-build
 
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +41,13 @@ test: setup
 	$(PY) -m pytest -ra tests
 
 bench: setup
-	$(PY) -m pytest -q bench
+	$(PY) bench/bench_workspace.py
+	$(PY) bench/bench_tensor_split.py
+	$(PY) bench/bench_llama.py
+
+sanitize: $(VENV)/.deps
+	CMAKE_ARGS="$(SANITIZE_CMAKE_ARGS)" $(VENV)/bin/llama-metaws build
+	$(SANITIZE_ENV) $(PY) -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS)
 
 clean-build:
 	rm -rf "$${LLAMA_METAWS_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/llama-metaws}/builds"

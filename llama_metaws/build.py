@@ -413,6 +413,15 @@ def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *,
     return Build(final)
 
 
+def sanitizer_flags(cmake_args: Sequence[str]) -> tuple:
+    """The ``-fsanitize`` flags a build's CMake arguments ask for (the shim must match)."""
+    flags = []
+    for kind, flag in (("ADDRESS", "-fsanitize=address"), ("UNDEFINED", "-fsanitize=undefined")):
+        if any(f"SANITIZE_{kind}=ON" in a for a in cmake_args):
+            flags.append(flag)
+    return tuple(flags)
+
+
 def build_shim(build: Build, progress: Progress = _stderr_progress) -> Path:
     """The compiled cffi shim for this build, built now if its sources changed."""
     native_dir = source_root() / "native"
@@ -428,7 +437,8 @@ def build_shim(build: Build, progress: Progress = _stderr_progress) -> Path:
         sys.path.remove(str(native_dir))
     tmp = Path(tempfile.mkdtemp(prefix="shim.tmp-", dir=build.root))
     try:
-        build_shim.compile_shim(tmp, build.include_dir, build.lib_dir)
+        build_shim.compile_shim(tmp, build.include_dir, build.lib_dir,
+                                sanitize=sanitizer_flags(build.manifest.get("cmake_args", ())))
         for stale in tmp.iterdir():  # objects and the generated C: only the module is kept
             if not stale.name.endswith(".so"):
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink()

@@ -18,7 +18,7 @@ MODULE_NAME = "_llama_metaws_native"
 DECLS = ("ggml_backend.h", "ggml_alloc.h", "llama.h", "shim.h")
 
 
-def make_ffi(include_dir: Path, lib_dir: Path) -> cffi.FFI:
+def make_ffi(include_dir: Path, lib_dir: Path, sanitize: tuple = ()) -> cffi.FFI:
     ffi = cffi.FFI()
     for name in DECLS:
         ffi.cdef((HERE / "decl" / name).read_text())
@@ -29,13 +29,16 @@ def make_ffi(include_dir: Path, lib_dir: Path) -> cffi.FFI:
         include_dirs=[str(HERE), str(include_dir)],
         library_dirs=[str(lib_dir)],
         libraries=["llama", "ggml", "ggml-base"],
-        extra_compile_args=["-std=c11", "-Wall", "-Werror=implicit-function-declaration"],
-        extra_link_args=[f"-Wl,-rpath,{lib_dir}"],
+        extra_compile_args=["-std=c11", "-Wall", "-Werror=implicit-function-declaration", *sanitize],
+        extra_link_args=[f"-Wl,-rpath,{lib_dir}", *sanitize],
     )
     return ffi
 
 
-def compile_shim(out_dir: Path, include_dir: Path, lib_dir: Path) -> Path:
-    """Compile the extension into ``out_dir``; returns the path of the built module."""
-    ffi = make_ffi(include_dir, lib_dir)
+def compile_shim(out_dir: Path, include_dir: Path, lib_dir: Path, sanitize: tuple = ()) -> Path:
+    """Compile the extension into ``out_dir``; returns the path of the built module.
+
+    ``sanitize``: ``-fsanitize=...`` flags, the same as the libraries were built with.
+    """
+    ffi = make_ffi(include_dir, lib_dir, tuple(sanitize))
     return Path(ffi.compile(tmpdir=str(out_dir), verbose=False))
