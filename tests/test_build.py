@@ -130,11 +130,26 @@ def test_the_full_build_stops_at_a_bad_patch_and_names_it(tmp_path, monkeypatch)
     assert not any((cache / "builds").glob("*/build.json"))
 
 
-def test_the_built_libraries_export_our_symbols():
-    lib = runtime.require_build().lib_dir / "libllama.so"
-    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
-    assert " llama_n_compute_buffers" in out
-    assert " llama_get_compute_buffer" in out
+PATCH_SYMBOLS = {
+    "libllama.so": ["llama_n_compute_buffers", "llama_get_compute_buffer",  # 0001
+                    "llama_set_phase_aware_workspace", "llama_attach_shared_workspace",  # 0005
+                    "llama_get_compute_buffer_state", "llama_set_workspace_meta_sharing"],  # 0005, 0009
+    "libggml-base.so": ["ggml_gallocr_set_resizable", "ggml_gallocr_request_shrink",  # 0002
+                        "ggml_backend_sched_set_resizable",  # 0003
+                        "ggml_backend_inject_alloc_failure",  # 0004
+                        "ggml_backend_meta_buffer_alias",  # 0007
+                        "ggml_gallocr_set_meta_sharing"],  # 0008
+}
+
+
+@pytest.mark.parametrize("lib", sorted(PATCH_SYMBOLS))
+def test_the_built_libraries_export_our_symbols(lib):
+    path = runtime.require_build().lib_dir / lib
+    out = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    missing = [sym for sym in PATCH_SYMBOLS[lib] if sym not in exported]
+    assert not missing, f"{lib} lacks {missing}"
 
 
 MAPS_SCRIPT = """
