@@ -92,7 +92,7 @@ def _gguf_nextn_layers(path: str) -> tuple:
     try:
         reader = gguf.GGUFReader(path)
     except Exception as e:
-        raise ValueError(f"cannot read the GGUF metadata of {path}: {e}") from None
+        raise ValueError(f"{path} is not a readable GGUF model (truncated?): {e}") from None
     arch_field = reader.get_field("general.architecture")
     if arch_field is None:
         raise ValueError(f"{path} has no general.architecture: not a llama.cpp model")

@@ -1,0 +1,219 @@
+"""Every bad input we know of, what the user gets, and the table in docs/bad-inputs.md.
+
+Each case is run here; the document's table is generated from these very cases
+(``python tests/test_bad_inputs.py`` rewrites it) and a test checks that it is current.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "bad-inputs.md"
+KW = dict(n_ctx=128, n_batch=32, n_ubatch=32, verbose=False)
+
+
+class Env:
+    """Model files and contexts the cases need, made once."""
+
+    def __init__(self, tmp: Path):
+        from llama_metaws.testing import make_tiny_model, make_tiny_mtp_model
+
+        self.tmp = tmp
+        self.mtp = str(make_tiny_mtp_model(tmp / "bad-mtp.gguf", seed=1, agreement=0.5))
+        self.plain = str(make_tiny_model(tmp / "bad-llama.gguf", arch="llama"))
+        self.empty = tmp / "empty.gguf"
+        self.empty.write_bytes(b"")
+        self.truncated = tmp / "truncated.gguf"
+        self.truncated.write_bytes(Path(self.mtp).read_bytes()[: 1 << 20])
+
+
+def _llama(env, path=None, **kw):
+    from llama_metaws import Llama
+
+    return Llama(path or env.mtp, **{**KW, **kw}).close()
+
+
+def _contexts(env):
+    from llama_metaws.loading import load_model, new_context
+
+    model = load_model(env.mtp, load_mtp=True)
+    target = new_context(model, n_ctx=128, n_batch=32, n_rs_seq=3)
+    draft = new_context(model, n_ctx=128, n_batch=32, mtp=True)
+    return model, target, draft
+
+
+def _workspace_on_closed_draft(env):
+    from llama_metaws.workspace import Workspace
+
+    model, target, draft = _contexts(env)
+    draft.close()
+    try:
+        Workspace(target, draft)
+    finally:
+        target.close()
+        model.close()
+
+
+def _workspace_foreign(env):
+    from llama_metaws.workspace import Workspace
+
+    Workspace(object(), object())
+
+
+def _drafter(env, prompt=(1, 2, 3), **kw):
+    from llama_metaws.mtp import MTPDrafter
+
+    model, target, draft = _contexts(env)
+    try:
+        MTPDrafter(target, draft, **kw).generate(list(prompt), 4)
+    finally:
+        draft.close()
+        target.close()
+        model.close()
+
+
+def _compute_buffers_closed(env):
+    from llama_metaws.buffers import compute_buffers
+
+    model, target, draft = _contexts(env)
+    target.close()
+    draft.close()
+    try:
+        compute_buffers(target)
+    finally:
+        model.close()
+
+
+def _injected_grow_failure(env):
+    from llama_metaws.mtp import MTPDrafter
+    from llama_metaws.workspace import Workspace, inject_alloc_failure
+
+    model, target, draft = _contexts(env)
+    ws = Workspace(target, draft, n_decode_tokens=4)
+    drafter = MTPDrafter(target, draft, draft_max=3)
+    try:
+        drafter.generate([1, 2, 3], 4)       # decode phase: the entry is decode-sized
+        inject_alloc_failure(1)              # the next prompt's grow fails
+        drafter.generate(list(range(60)), 4)
+    finally:
+        inject_alloc_failure(0)
+        ws.close()
+        draft.close()
+        target.close()
+        model.close()
+
+
+def _cli_unknown_flag(env):
+    res = subprocess.run([sys.executable, "-m", "llama_metaws", "generate", "-m", env.mtp, "-p", "x",
+                          "--draft-pmin", "0.5"], capture_output=True, text=True)
+    raise SystemExit(f"exit status {res.returncode}: {res.stderr.strip().splitlines()[-1]}")
+
+
+# (what the user does, how, the exception type, a pattern its message must match)
+CASES = [
+    ("Llama(draft='mtp') on a model without nextn layers",
+     lambda e: _llama(e, e.plain, draft="mtp"), ValueError, r"'llama' model has none"),
+    ("Llama(draft='eagle')", lambda e: _llama(e, draft="eagle"), ValueError, r"supported kinds are"),
+    ("Llama(draft='mtp', draft_model=...) (two draft models)",
+     lambda e: _llama(e, draft="mtp", draft_model=object()), ValueError, r"choose one"),
+    ("Llama(draft_max=0)", lambda e: _llama(e, draft="mtp", draft_max=0), ValueError, r"draft_max must be"),
+    ("Llama(draft_p_min=1.5)", lambda e: _llama(e, draft="mtp", draft_p_min=1.5), ValueError, r"draft_p_min must be"),
+    ("Llama(draft_max=40) with n_ubatch 32", lambda e: _llama(e, draft="mtp", draft_max=40), ValueError,
+     r"must fit n_batch and n_ubatch"),
+    ("Llama(devices=['CUDA9']) on a machine without it", lambda e: _llama(e, devices=["CUDA9"]), ValueError,
+     r"unknown device 'CUDA9'; the devices here are: CPU"),
+    ("Llama(split_mode='tensor') with one device", lambda e: _llama(e, devices=["CPU"], split_mode="tensor"),
+     ValueError, r"give at least two"),
+    ("Llama(split_mode='tensor', flash_attn=False)",
+     lambda e: _llama(e, devices=["CPU", "CPU"], split_mode="tensor", flash_attn=False), ValueError,
+     r"needs flash attention"),
+    ("Llama(split_mode='diagonal')", lambda e: _llama(e, split_mode="diagonal"), ValueError,
+     r"split_mode 'diagonal' is not one of"),
+    ("Llama(n_seq_max=0)", lambda e: _llama(e, n_seq_max=0), ValueError, r"n_seq_max must be"),
+    ("Llama(workspace_mode='sometimes')", lambda e: _llama(e, draft="mtp", workspace_mode="sometimes"),
+     ValueError, r"is not one of alias, private-meta, unsafe-shared, off"),
+    ("Llama(workspace_mode='unsafe-shared') without allow_unsafe_workspace",
+     lambda e: _llama(e, draft="mtp", workspace_mode="unsafe-shared"), ValueError, r"allow_unsafe_workspace=True"),
+    ("Llama() on a missing file", lambda e: _llama(e, str(e.tmp / "missing.gguf")), ValueError, r"does not exist"),
+    ("Llama() on an empty file", lambda e: _llama(e, str(e.empty)), ValueError, r"Model file is empty"),
+    ("Llama(draft='mtp') on a truncated file", lambda e: _llama(e, str(e.truncated), draft="mtp"), ValueError,
+     r"not a readable GGUF model \(truncated\?\)"),
+    ("Llama() on a truncated file", lambda e: _llama(e, str(e.truncated)), ValueError, r"Failed to load model"),
+    ("Workspace(target, draft) on a closed draft context", _workspace_on_closed_draft, ValueError,
+     r"draft context is closed"),
+    ("Workspace(object(), object())", _workspace_foreign, ValueError, r"target context is closed or not a llama context"),
+    ("MTPDrafter(draft_max=0)", lambda e: _drafter(e, draft_max=0), ValueError, r"draft_max must be"),
+    ("MTPDrafter(p_min=nan)", lambda e: _drafter(e, p_min=math.nan), ValueError, r"p_min must be in"),
+    ("MTPDrafter.generate([]) (an empty prompt)", lambda e: _drafter(e, prompt=()), ValueError, r"prompt is empty"),
+    ("MTPDrafter.generate([500]) (a token outside the vocabulary)", lambda e: _drafter(e, prompt=(500,)),
+     ValueError, r"outside the vocabulary"),
+    ("compute_buffers() of a closed context", _compute_buffers_closed, ValueError, r"NULL"),
+    ("a decode whose workspace grow cannot be allocated", _injected_grow_failure, RuntimeError,
+     r"returned -2 during prompt"),
+    ("inject_alloc_failure(-1)", lambda e: __import__("llama_metaws.workspace", fromlist=["x"]).inject_alloc_failure(-1),
+     ValueError, r"n must be >= 0"),
+    ("make_tiny_model(arch='nope')", lambda e: __import__("llama_metaws.testing", fromlist=["x"]).make_tiny_model(
+        e.tmp / "x.gguf", arch="nope"), ValueError, r"supported"),
+    ("make_tiny_mtp_model(agreement=2.0)", lambda e: __import__("llama_metaws.testing", fromlist=["x"]).make_tiny_mtp_model(
+        e.tmp / "x.gguf", agreement=2.0), ValueError, r"agreement must be"),
+    ("repro.run_case('cuda', 'alias')", lambda e: __import__("llama_metaws.repro", fromlist=["x"]).run_case(
+        "cuda", "alias"), ValueError, r"unknown case"),
+    ("llama-metaws generate --draft-pmin 0.5 (an unknown flag)", _cli_unknown_flag, SystemExit,
+     r"exit status 2: .*unrecognized arguments: --draft-pmin"),
+]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return Env(tmp_path_factory.mktemp("bad"))
+
+
+def _run(case, env):
+    _, fn, exc_type, pattern = case
+    with pytest.raises(exc_type) as err:
+        fn(env)
+    message = str(err.value)
+    assert re.search(pattern, message), message
+    return message
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(env, case):
+    _run(case, env)
+
+
+def _clean(message: str, env) -> str:
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return first.replace(str(env.tmp), "<dir>").replace("|", "\\|")
+
+
+def render(env) -> str:
+    rows = ["| input | exception | message |", "|---|---|---|"]
+    for case in CASES:
+        message = _run(case, env)
+        rows.append(f"| {case[0]} | `{case[2].__name__}` | {_clean(message, env)} |")
+    return "\n".join(rows)
+
+
+def test_the_document_lists_every_case(env):
+    text = DOC.read_text()
+    for case in CASES:
+        assert f"| {case[0]} | `{case[2].__name__}` |" in text, f"docs/bad-inputs.md lacks: {case[0]}"
+
+
+if __name__ == "__main__":  # rewrite the table from the cases
+    import tempfile
+
+    import llama_metaws  # noqa: F401
+
+    with tempfile.TemporaryDirectory() as tmp:
+        table = render(Env(Path(tmp)))
+    head = DOC.read_text().split("<!-- table -->")[0] if DOC.exists() else ""
+    DOC.write_text(head + "<!-- table -->\n" + table + "\n")
+    print(table)
