@@ -26,7 +26,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	CMAKE_ARGS="$(BINDING_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
 	$(PY) -m pip install --quiet cmake ninja setuptools
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,plot]"
 	touch $@
 
 setup: $(VENV)/.deps build

@@ -40,47 +40,44 @@ def _default_model() -> Path:
     from .testing import make_tiny_mtp_model
 
     path = cache_root() / "models" / "tiny-qwen35-mtp-agreement-0.8.gguf"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        make_tiny_mtp_model(path, agreement=0.8)
-    return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return make_tiny_mtp_model(path, agreement=0.8)  # written anew: cheap, and always current
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    import llama_cpp
+    """Devices, a short MTP completion, then the seed's table on the embedded tiny model."""
+    from . import vram
+    from .llama import Llama
 
-    from .buffers import compute_buffers
-    from .loading import greedy_tokens, load_model, new_context
-
-    devices = [d.strip() for d in args.device.split(",") if d.strip()]
     _print_devices()
     model_path = Path(args.model) if args.model else _default_model()
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
     print(f"\nmodel: {model_path}")
-    print(f"split: {args.split_mode} over {', '.join(devices)}")
-    v = args.verbose
-    model = load_model(model_path, devices=devices, split_mode=args.split_mode, load_mtp=True, verbose=v)
-    target = new_context(model, n_ctx=args.ctx_size, n_batch=args.ubatch_size, n_rs_seq=1, verbose=v)
-    draft = new_context(model, n_ctx=args.ctx_size, n_batch=args.ubatch_size, mtp=True, verbose=v)
+    with Llama(str(model_path), draft="mtp", devices=devices, split_mode="tensor", n_ctx=256,
+               n_batch=64, n_ubatch=64, verbose=args.verbose) as llm:
+        out = llm(args.prompt, max_tokens=args.n_predict, temperature=0.0)["choices"][0]["text"]
+        print(f"greedy completion of {args.prompt!r} with MTP drafting, tensor split over "
+              f"{','.join(devices)}: {out!r}")
+        print(f"draft acceptance {llm.draft_stats.last.acceptance:.1%}; shared workspace: " + ", ".join(
+            f"{e.buffer_type} {e.allocated:,} B (alias={e.alias})" for e in llm.workspace_stats()))
+
+    print("\nthe seed's comparison, each configuration in its own process "
+          "(unsafe-shared is expected to die with GGML_ASSERT(tensor)):", flush=True)
+    records = vram.run_configurations(model=str(model_path), devices=devices)
+    print(vram.format_table(records))
     try:
-        prompt = model.tokenize(args.prompt.encode(), add_bos=True, special=False)
-        out = greedy_tokens(target, prompt, args.n_predict)
-        text = model.detokenize(out).decode("utf-8", "replace")
-        print(f"prompt: {args.prompt!r} ({len(prompt)} tokens)")
-        print(f"greedy: {text!r} ({len(out)} tokens)")
-        print("\ncompute buffers (bytes allocated now):")
-        print(f"  {'context':<8} {'#':>2} {'buffer type':<12} {'device':<8} {'bytes':>12}")
-        total = 0
-        for name, ctx in (("target", target), ("draft", draft)):
-            for b in compute_buffers(ctx):
-                total += b.size
-                print(f"  {name:<8} {b.index:>2} {b.buffer_type:<12} {b.device:<8} {b.size:>12,}")
-        print(f"  {'total':<8} {'':>2} {'':<12} {'':<8} {total:>12,}")
-        print("  (target and draft each hold their own: the workspace issue shares them)")
-    finally:
-        draft.close()
-        target.close()
-        model.close()
-    return 0
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("(install the plot extra for a picture: pip install -e '.[plot]')")
+    else:
+        print(f"plot: {vram.plot(records, args.plot)}")
+    return 0 if all(vram.as_expected(r) for r in records) else 1
+
+
+def _cmd_vram(args: argparse.Namespace) -> int:
+    from . import vram
+
+    return vram.run_from_args(args)
 
 
 def _cmd_repro(args: argparse.Namespace) -> int:
@@ -214,18 +211,17 @@ def make_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_devices)
 
     m = sub.add_parser("demo", help="the main job on the embedded default model",
-                       description="List the devices, load the tiny MTP model (or -m MODEL) on the "
-                       "given devices, print a greedy completion and the compute-buffer bytes of "
-                       "the target and its MTP draft context.")
+                       description="List the devices, complete a prompt with the tiny MTP model under "
+                       "tensor split with MTP drafting and the workspace, then run the seed's "
+                       "configurations (no workspace, unsafe-shared, private-meta, alias; alias under "
+                       "layer split) each in its own process and print the table (and a plot when "
+                       "matplotlib is installed).")
     m.add_argument("-m", "--model", help="GGUF model with nextn layers (default: the tiny one)")
     m.add_argument("--device", "-dev", default="CPU,CPU",
                    help="comma-separated device names, as llama.cpp prints them (default CPU,CPU)")
-    m.add_argument("-sm", "--split-mode", default="layer", choices=["none", "layer", "row", "tensor"],
-                   help="how to split the model over the devices (default layer)")
     m.add_argument("-p", "--prompt", default="hello world")
     m.add_argument("-n", "--n-predict", type=int, default=16)
-    m.add_argument("-c", "--ctx-size", type=int, default=256)
-    m.add_argument("-ub", "--ubatch-size", type=int, default=64)
+    m.add_argument("--plot", default="vram.png", help="where the plot goes (default vram.png)")
     m.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     m.set_defaults(func=_cmd_demo)
     r = sub.add_parser("repro", help="reproduce GGML_ASSERT(tensor) of a shared meta buffer, and the fix",
@@ -241,6 +237,16 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true",
                    help="print a JSON list of {level, mode, result, message} instead of lines")
     r.set_defaults(func=_cmd_repro)
+
+    vr = sub.add_parser("vram", allow_abbrev=False,
+                        help="memory per device over load and requests: the seed's table",
+                        description="Run each configuration in its own process, sample memory per device "
+                        "(exact ggml compute bytes; pynvml with --nvidia), print configuration, result, "
+                        "tokens/s, draft acceptance and peak per device.")
+    from .vram import add_arguments as _vram_arguments
+
+    _vram_arguments(vr)
+    vr.set_defaults(func=_cmd_vram)
 
     g = sub.add_parser("generate", allow_abbrev=False,
                        help="generate text with llama.cpp's flags (MTP drafting, tensor split, workspace)",

@@ -199,6 +199,10 @@ class Llama(llama_cpp.Llama):
     See the module docstring for the new keyword arguments; every other argument is
     ``llama_cpp.Llama``'s. Extra attributes: :attr:`draft_stats`, :meth:`workspace_stats`,
     :meth:`timings`.
+
+    Thread safety: one instance may be used from several threads, its requests are serialized
+    by a per-instance lock held by :meth:`generate` (from its first ``next`` until the generator
+    ends or is closed) and by :meth:`eval`, so a second thread waits for the first request.
     """
 
     def __init__(
@@ -217,6 +221,10 @@ class Llama(llama_cpp.Llama):
         n_seq_max: int = 1,
         **kwargs,
     ):
+        # Serializes requests from several threads (see the class docstring): the target, the
+        # draft context and their shared workspace must see one request at a time (two
+        # concurrent ones abort in ggml). Reentrant: generate() calls eval().
+        self._request_lock = threading.RLock()
         self._mtp: Optional[MTPDraftModel] = None
         self._draft_ctx = None
         self._workspace: Optional[Workspace] = None
@@ -317,6 +325,10 @@ class Llama(llama_cpp.Llama):
 
     def eval(self, tokens: Sequence[int]):
         """Evaluate tokens on the target; with MTP drafting, feed the draft context too."""
+        with self._request_lock:  # one request at a time (see the class docstring)
+            return self._eval_locked(tokens)
+
+    def _eval_locked(self, tokens: Sequence[int]):
         if self._mtp is None:
             return super().eval(tokens)
         self._mtp.sync(self.n_tokens)
@@ -328,14 +340,28 @@ class Llama(llama_cpp.Llama):
             self._ctx.decode(self._batch)
             self.input_ids[n_past : n_past + n] = chunk
             if self._logits_all:
-                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,))
-                self.scores[n_past : n_past + n, :].reshape(-1)[::] = logits
+                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n, self._n_vocab))
+                rows = self.scores.shape[0]
+                if n_past + n <= rows:
+                    self.scores[n_past : n_past + n, :] = logits
+                else:
+                    # Without logits_all=True the binding keeps n_batch rows, yet drafting needs
+                    # every row of the last batch: keep a window whose last rows are that batch
+                    # (what generate() and the stop criteria read, counting from the end)
+                    self.scores[: rows - n, :] = self.scores[n:, :].copy()
+                    self.scores[rows - n :, :] = logits
             self.n_tokens += n
             self._mtp.target_decoded(chunk, n_past)
         self._requires_eval = False
 
     def generate(self, tokens, *args, **kwargs):
         """``llama_cpp.Llama.generate``, timed; the draft statistics of this request start at zero."""
+        # the lock is taken on the first next() and held until this generator ends or is closed
+        # (a generator dropped unfinished releases it when it is garbage-collected)
+        with self._request_lock:
+            yield from self._generate_locked(tokens, *args, **kwargs)
+
+    def _generate_locked(self, tokens, *args, **kwargs):
         self.draft_stats.last = DraftStats()
         if self._mtp is not None and (self._is_recurrent or self._is_hybrid) and kwargs.get("reset", True):
             # the binding would reuse a cached prompt prefix by removing the positions after it;

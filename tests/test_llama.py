@@ -109,6 +109,16 @@ def test_sampled_tokens_keep_the_targets_distribution(random_path):
     assert same >= 0.99 * n, f"{same}/{n} seeds sampled the same three tokens"
 
 
+def test_a_request_longer_than_n_batch(agree_path):
+    """Prompt plus output well past n_batch rows of logits (the binding keeps n_batch rows)."""
+    prompt = "lorem ipsum dolor sit amet " * 20  # ~108 tokens in the TEST vocabulary
+    kw = dict(KW, n_ctx=512, n_batch=64, n_ubatch=64)
+    with Llama(agree_path, **kw) as plain, Llama(agree_path, draft="mtp", **kw) as llm:
+        assert _text(llm, prompt, max_tokens=100, temperature=0.0) == _text(plain, prompt, max_tokens=100,
+                                                                            temperature=0.0)
+        assert llm.draft_stats.last.accepted > 0
+
+
 def test_drop_in_features(agree_path):
     with Llama(agree_path, draft="mtp", logits_all=True, **KW) as llm:
         assert isinstance(llm, llama_cpp.Llama)
