@@ -88,6 +88,12 @@ def _child(level: str, mode: str, model_path: Optional[str]) -> int:
     return 0
 
 
+def child_env() -> Dict[str, str]:
+    """The environment of a case that may abort: ggml's abort would otherwise attach gdb for a
+    backtrace (slow, and it hangs under AddressSanitizer); the assert line is all we read."""
+    return dict(os.environ, GGML_NO_BACKTRACE="1")
+
+
 _ASSERT = re.compile(r"(?:(\S+):(\d+): )?(GGML_ASSERT\(.*?\) failed)")
 
 
@@ -98,7 +104,7 @@ def run_case(level: str, mode: str, *, model_path: Optional[str] = None, timeout
     cmd = [sys.executable, "-m", "llama_metaws.repro", "--child", level, mode]
     if model_path:
         cmd += ["--model", os.fspath(model_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
     record = {"level": level, "mode": mode}
     out = proc.stdout.strip().splitlines()
     if proc.returncode == 0:

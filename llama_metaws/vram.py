@@ -78,6 +78,8 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from . import repro
+
 __all__ = [
     "Configuration",
     "DEFAULT_CONFIGURATIONS",
@@ -877,7 +879,8 @@ def run_configuration(config: Configuration, *, model: str, devices: Sequence[st
         cmd = [sys.executable, "-m", "llama_metaws.vram", "--child", events_path]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, input=json.dumps(req), capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, input=json.dumps(req), capture_output=True, text=True, timeout=timeout,
+                                  env=repro.child_env())
             rc, stderr = proc.returncode, proc.stderr
         except subprocess.TimeoutExpired as e:
             err = e.stderr or ""
