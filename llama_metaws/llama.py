@@ -371,15 +371,19 @@ class Llama(llama_cpp.Llama):
         n_prompt = len(tokens)
         t0 = time.perf_counter()
         t_first, n_out = None, 0
+        inner = super().generate(tokens, *args, **kwargs)
         try:
-            for token in super().generate(tokens, *args, **kwargs):
+            token = next(inner)
+            while True:
                 if t_first is None:
                     t_first = time.perf_counter()
                 n_out += 1
-                sent = yield token
-                if sent is not None:  # the binding's protocol: extra tokens to evaluate
-                    raise NotImplementedError("sending tokens into generate() is not supported with MTP")
+                # the binding's protocol: a caller may send tokens to evaluate next; pass them on
+                token = inner.send((yield token))
+        except StopIteration:
+            pass
         finally:
+            inner.close()
             t_end = time.perf_counter()
             self._timings = {
                 "prompt_tokens": n_prompt,
@@ -411,7 +415,7 @@ class Llama(llama_cpp.Llama):
 
     def close(self) -> None:
         """Free everything; closing twice is harmless."""
-        if getattr(self, "_stack", None) is None:
+        if getattr(self, "_stack", None) is None:  # __init__ raised before the binding's ran
             return
         self._mtp = None
         super().close()
