@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import platform
 from pathlib import Path
+from typing import Callable
 
 DOC = Path(__file__).resolve().parent / "BENCHMARKS.md"
 HEADER = """# Benchmarks
@@ -33,3 +35,21 @@ def write_section(name: str, body: str) -> Path:
         text = text.rstrip() + "\n\n" + block + "\n"
     DOC.write_text(text)
     return DOC
+
+
+def publish(name: str, table: str, write: bool) -> str:
+    """Print a benchmark's table and, unless told not to, write it into its section."""
+    print(table)
+    if write:
+        print(f"\nwritten to {write_section(name, table)}")
+    return table
+
+
+def main(doc: str, run: Callable[..., str], runs: int, tokens: int) -> None:
+    """The command line every benchmark shares: --runs, --tokens, --no-write."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=runs, help=f"interleaved requests per variant ({runs})")
+    ap.add_argument("--tokens", type=int, default=tokens, help=f"tokens generated per request ({tokens})")
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    a = ap.parse_args()
+    run(a.runs, a.tokens, write=not a.no_write)

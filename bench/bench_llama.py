@@ -10,7 +10,6 @@ table it prints into bench/BENCHMARKS.md.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -85,17 +84,8 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
     lines += ["", f"Workspace vs private buffers, both drafting: **{ws_ratio:.3f}x** tokens/s "
               "(goal >= 0.98). On a model this small a decode step costs well under a millisecond, so "
               "Python's share of each step (sampling, draft feeding) bounds what drafting can win."]
-    table = "\n".join(lines)
-    print(table)
-    if write:
-        print(f"\nwritten to {_doc.write_section('bench_llama', table)}")
-    return table
+    return _doc.publish("bench_llama", "\n".join(lines), write)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=21)
-    ap.add_argument("--tokens", type=int, default=96)
-    ap.add_argument("--no-write", action="store_true", help="print only")
-    a = ap.parse_args()
-    run(a.runs, a.tokens, write=not a.no_write)
+    _doc.main(__doc__, run, runs=21, tokens=96)

@@ -12,7 +12,6 @@ Writes the table it prints into bench/BENCHMARKS.md.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -98,17 +97,8 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
               f"({saved / peak['private-meta']:.1%} of the meta compute; the draft's share). "
               "The seed reported 130 MiB per GPU at its configuration (27B model, -c 16384, -ub 512); "
               "the tiny model's figure is bytes, not MiB, but it is the same quantity, measured exactly."]
-    table = "\n".join(lines)
-    print(table)
-    if write:
-        print(f"\nwritten to {_doc.write_section('bench_tensor_split', table)}")
-    return table
+    return _doc.publish("bench_tensor_split", "\n".join(lines), write)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=9)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--no-write", action="store_true", help="print only")
-    a = ap.parse_args()
-    run(a.runs, a.tokens, write=not a.no_write)
+    _doc.main(__doc__, run, runs=9, tokens=32)

@@ -12,7 +12,6 @@ table it prints into bench/BENCHMARKS.md.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -115,17 +114,8 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
               f"{peak['shared']:,} B = max(owner, borrower) at that moment "
               f"({roles['shared']:,} B, the limit of sharing); private = {peak['private']:,} B "
               f"(owner + borrower): {peak['private'] - peak['shared']:,} B saved."]
-    table = "\n".join(lines)
-    print(table)
-    if write:
-        print(f"\nwritten to {_doc.write_section('bench_workspace', table)}")
-    return table
+    return _doc.publish("bench_workspace", "\n".join(lines), write)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--no-write", action="store_true", help="print only")
-    a = ap.parse_args()
-    run(a.runs, a.tokens, write=not a.no_write)
+    _doc.main(__doc__, run, runs=15, tokens=48)
