@@ -45,6 +45,7 @@ bench: setup
 	$(PY) bench/bench_workspace.py
 	$(PY) bench/bench_tensor_split.py
 	$(PY) bench/bench_llama.py
+	$(PY) bench/bench_vram.py
 
 sanitize: $(VENV)/.deps
 	CMAKE_ARGS="$(SANITIZE_CMAKE_ARGS)" $(VENV)/bin/llama-metaws build

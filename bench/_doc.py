@@ -11,6 +11,10 @@ from typing import Callable
 DOC = Path(__file__).resolve().parent / "BENCHMARKS.md"
 HEADER = """# Benchmarks
 
+No GPU was lent to the sessions that wrote these figures: every figure below is from the 2-core
+CPU machine (the CPU test bed: the CPU device listed twice for tensor split). GPU figures (pynvml,
+`llama-metaws vram --nvidia --device CUDA0,CUDA1`) are still to be recorded.
+
 Each section below is written by the script named in it, from one run that measures the
 variants side by side (interleaved), and reports ratios: the machine is shared and noisy.
 Memory on CPU is exact, from ggml's own buffer accounting.

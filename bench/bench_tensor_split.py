@@ -94,7 +94,10 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
         lines.append(f"| {m} | ok | {med[m] / med['off']:.3f} | {acceptance[m]:.1%} | {peak[m]:,} B |")
     saved = peak["private-meta"] - peak["alias"]
     lines += ["", f"The alias saves **{saved:,} B per device** against private meta buffers "
-              f"({saved / peak['private-meta']:.1%} of the meta compute; the draft's share). "
+              f"({saved / peak['private-meta']:.1%} of the meta compute; the draft's share) at the "
+              "moments sampled here (before each verification and after each token: decode phase). "
+              "`llama-metaws vram`, which reads the accounting after every decode from model load on, "
+              "also sees the prompt phase, where both private meta buffers are prompt-sized at once. "
               "The seed reported 130 MiB per GPU at its configuration (27B model, -c 16384, -ub 512); "
               "the tiny model's figure is bytes, not MiB, but it is the same quantity, measured exactly."]
     return _doc.publish("bench_tensor_split", "\n".join(lines), write)
