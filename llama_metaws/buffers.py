@@ -15,6 +15,7 @@ class ComputeBuffer:
     buffer_type: str  # e.g. "CPU", "CUDA0"
     device: str       # the backend's device, e.g. "CPU", "CUDA0"
     size: int         # bytes allocated now
+    buft: int         # the buffer type handle (ggml_backend_buffer_type_t), as an address
 
 
 def context_address(ctx) -> int:
@@ -40,5 +41,6 @@ def compute_buffers(ctx) -> List[ComputeBuffer]:
         check_error(lib.lmws_get_compute_buffer(c, i, info))
         buft = ffi.string(lib.ggml_backend_buft_name(info.buft)).decode() if info.buft != ffi.NULL else ""
         dev = ffi.string(lib.ggml_backend_dev_name(info.device)).decode() if info.device != ffi.NULL else ""
-        out.append(ComputeBuffer(index=i, buffer_type=buft, device=dev, size=int(info.size)))
+        out.append(ComputeBuffer(index=i, buffer_type=buft, device=dev, size=int(info.size),
+                                 buft=int(ffi.cast("uintptr_t", info.buft))))
     return out

@@ -28,7 +28,7 @@ import warnings
 from typing import List
 
 from ._native import ffi, lib
-from .buffers import context_address
+from .buffers import compute_buffers, context_address
 from .errors import check_error
 
 MODES = ("alias", "private-meta", "unsafe-shared", "off")
@@ -90,32 +90,22 @@ def context_info(ctx) -> WorkspaceInfo:
 def _entries(ctx, role: str) -> List[tuple]:
     """(buft address, WorkspaceEntry) for each distinct buffer type of one context."""
     c = _context_ptr(ctx, role)
-    n = ffi.new("int *")
-    check_error(lib.lmws_n_compute_buffers(c, n))
-    buf = ffi.new("struct lmws_compute_buffer *")
     st = ffi.new("struct ggml_gallocr_buffer_state *")
     out, seen = [], set()
-    for i in range(n[0]):
-        check_error(lib.lmws_get_compute_buffer(c, i, buf))
-        key = int(ffi.cast("uintptr_t", buf.buft))
-        if key in seen:
+    for b in compute_buffers(ctx):
+        if b.buft in seen:
             continue  # a buffer type used by two backends has one buffer
-        seen.add(key)
-        check_error(lib.lmws_compute_buffer_state(c, i, st))
-        shared = bool(st.shared)
-        private_need = int(st.allocated) if st.role == lib.GGML_GALLOCR_ROLE_NONE else None
-        if shared:
+        seen.add(b.buft)
+        check_error(lib.lmws_compute_buffer_state(c, b.index, st))
+        if st.role == lib.GGML_GALLOCR_ROLE_NONE:  # not resizable: its need is what it holds
+            need = int(st.allocated)
+            owner_need, borrower_need = (need, 0) if role == "target" else (0, need)
+        else:  # ggml reports each role's published requirement
             owner_need, borrower_need = int(st.owner_need), int(st.borrower_need)
-        elif role == "target":
-            owner_need, borrower_need = (private_need if private_need is not None else int(st.owner_need)), 0
-        else:
-            owner_need, borrower_need = 0, (private_need if private_need is not None else int(st.borrower_need))
-        out.append((key, WorkspaceEntry(
-            buffer_type=ffi.string(lib.ggml_backend_buft_name(buf.buft)).decode(),
-            device=ffi.string(lib.ggml_backend_dev_name(buf.device)).decode() if buf.device != ffi.NULL else "",
-            shared=shared, alias=bool(st.alias), owner_need=owner_need, borrower_need=borrower_need,
-            allocated=int(st.allocated), generation=int(st.generation),
-            n_grow=int(st.n_grow), n_shrink=int(st.n_shrink),
+        out.append((b.buft, WorkspaceEntry(
+            buffer_type=b.buffer_type, device=b.device, shared=bool(st.shared), alias=bool(st.alias),
+            owner_need=owner_need, borrower_need=borrower_need, allocated=int(st.allocated),
+            generation=int(st.generation), n_grow=int(st.n_grow), n_shrink=int(st.n_shrink),
         )))
     return out
 
