@@ -14,7 +14,9 @@ BINDING_CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 # and the shim (its own cache key), and the workspace/alias/repro tests under it.
 SANITIZE_CMAKE_ARGS := -DGGML_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_UNDEFINED=ON \
 	-DLLAMA_SANITIZE_ADDRESS=ON -DLLAMA_SANITIZE_UNDEFINED=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
-SANITIZE_ENV := CMAKE_ARGS="$(SANITIZE_CMAKE_ARGS)" \
+# its own manifest: the run time reads the manifest, never CMAKE_ARGS (see build.manifest_path)
+SANITIZE_MANIFEST := LLAMA_METAWS_MANIFEST="$(CURDIR)/build/manifest-sanitize.json"
+SANITIZE_ENV := $(SANITIZE_MANIFEST) \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	GGML_NO_BACKTRACE=1
@@ -48,7 +50,7 @@ bench: setup
 	$(PY) bench/bench_vram.py
 
 sanitize: $(VENV)/.deps
-	CMAKE_ARGS="$(SANITIZE_CMAKE_ARGS)" $(VENV)/bin/llama-metaws build
+	CMAKE_ARGS="$(SANITIZE_CMAKE_ARGS)" $(SANITIZE_MANIFEST) $(VENV)/bin/llama-metaws build
 	$(SANITIZE_ENV) $(PY) -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS)
 
 clean-build:

@@ -1,22 +1,24 @@
-"""The compiled cffi shim: imported here, and only here; everyone else takes ``ffi``/``lib``."""
+"""The compiled cffi shim: imported here, and only here; everyone else takes ``ffi``/``lib``.
+
+``check_error`` lives here too, next to the module whose status codes and last-error message
+it reads (as pygit2's ``errors.check_error`` sits beside its ``ffi``).
+"""
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
 
-from . import build as _build
-from .errors import NativeBuildMissing
+from .errors import LlamaMetawsError, NativeBuildMissing
 from .runtime import require_build
 
 
 def _load():
     b = require_build()
-    path = _build.find_shim(b)
-    if path is None:
+    path = b.shim_path
+    if path is None or not path.is_file():
         raise NativeBuildMissing(
-            f"the cffi shim for build {b.root.name} is not built: run `llama-metaws build`"
-        )
+            f"the cffi shim for build {b.root.name} is missing: run `llama-metaws build`")
     spec = importlib.util.spec_from_file_location("_llama_metaws_native", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -26,6 +28,23 @@ def _load():
 _module = _load()
 ffi = _module.ffi
 lib = _module.lib
+
+
+def check_error(status: int) -> int:
+    """Return ``status`` when it is not negative, else raise the matching exception.
+
+    The message is the shim's own (``lmws_last_error``), recorded by the failing call.
+    """
+    if status >= 0:
+        return status
+    message = ffi.string(lib.lmws_last_error()).decode("utf-8", "replace") or f"status {status}"
+    exc = {
+        lib.LMWS_EINVAL: ValueError,
+        lib.LMWS_ERANGE: IndexError,
+        lib.LMWS_ENOMEM: MemoryError,
+        lib.LMWS_ENOTSUP: NotImplementedError,
+    }.get(status, LlamaMetawsError)
+    raise exc(message)
 
 
 def address(ptr) -> int:

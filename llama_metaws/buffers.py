@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List
 
-from ._native import address, ffi, lib
-from .errors import check_error
+from ._native import address, check_error, ffi, lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from . import flags
+
 
 def _cmd_build(args: argparse.Namespace) -> int:
     from . import build
@@ -97,69 +99,11 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     return 0 if all(as_expected(r) for r in records) else 1
 
 
-def _floats(text: str) -> List[float]:
-    """llama.cpp's -ts syntax: "0.55,0.45" (or "3/1")."""
-    parts = [x for x in text.replace("/", ",").split(",") if x.strip()]
-    try:
-        return [float(x) for x in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
-
-
-def _add_model_flags(p: argparse.ArgumentParser) -> None:
-    """llama.cpp's own flags, so its command lines map one to one."""
-    p.add_argument("-m", "--model", required=True, help="GGUF model file")
-    p.add_argument("-dev", "--device", help="comma-separated devices, as llama.cpp prints them (e.g. CPU,CPU)")
-    p.add_argument("-sm", "--split-mode", default="layer", choices=["none", "layer", "row", "tensor"])
-    p.add_argument("-ts", "--tensor-split", type=_floats, help="fractions per device, e.g. 0.55,0.45")
-    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None,
-                   help="layers on the devices (default: all when --device is given, else 0)")
-    p.add_argument("--spec-type", default="none", choices=["none", "draft-mtp"],
-                   help="speculative decoding: draft-mtp drafts with the model's own MTP layers")
-    p.add_argument("--draft-max", "--draft", "--draft-n", dest="draft_max", type=int, default=3)
-    p.add_argument("--draft-p-min", type=float, default=0.0)
-    p.add_argument("--phase-aware-workspace", action="store_true",
-                   help="share the target's and the draft's compute buffers (needs --spec-type draft-mtp)")
-    p.add_argument("--workspace-mode", default="alias", choices=["alias", "private-meta", "unsafe-shared", "off"])
-    p.add_argument("-np", "--parallel", type=int, default=1, help="sequences (n_seq_max)")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096)
-    p.add_argument("-b", "--batch-size", type=int, default=2048)
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512)
-    p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("--no-mmap", action="store_true")
-    p.add_argument("-s", "--seed", type=int, default=-1)
-    p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
-
-
-def llama_kwargs(args: argparse.Namespace) -> dict:
-    """Our Llama's keyword arguments from llama.cpp's flags."""
-    kw = dict(
-        n_ctx=args.ctx_size, n_batch=min(args.batch_size, args.ctx_size),
-        n_ubatch=min(args.ubatch_size, args.batch_size, args.ctx_size),
-        split_mode=args.split_mode, tensor_split=args.tensor_split, n_seq_max=args.parallel,
-        use_mmap=not args.no_mmap, verbose=args.verbose,
-        draft="mtp" if args.spec_type == "draft-mtp" else None,
-        draft_max=args.draft_max, draft_p_min=args.draft_p_min,
-        phase_aware_workspace=args.phase_aware_workspace,
-        workspace_mode=args.workspace_mode if args.phase_aware_workspace else "off",
-        allow_unsafe_workspace=args.workspace_mode == "unsafe-shared",
-    )
-    if args.device:
-        kw["devices"] = [d.strip() for d in args.device.split(",") if d.strip()]
-    if args.n_gpu_layers is not None:
-        kw["n_gpu_layers"] = args.n_gpu_layers
-    if args.threads is not None:
-        kw["n_threads"] = args.threads
-    if args.seed != -1:
-        kw["seed"] = args.seed
-    return kw
-
-
 def _cmd_generate(args: argparse.Namespace) -> int:
     from .llama import Llama
 
     try:
-        llm = Llama(args.model, **llama_kwargs(args))
+        llm = Llama(args.model, **flags.llama_kwargs(args))
     except ValueError as e:
         print(f"llama-metaws generate: {e}", file=sys.stderr)
         return 2
@@ -254,7 +198,7 @@ def make_parser() -> argparse.ArgumentParser:
                        "-m MODEL --device CPU,CPU -sm tensor -ts 0.55,0.45 --spec-type draft-mtp "
                        "--phase-aware-workspace -np 2 -c 4096 -ub 512 -p PROMPT -n 64. The text goes to "
                        "stdout, speed, draft acceptance and workspace figures to stderr.")
-    _add_model_flags(g)
+    flags.add_model_flags(g)
     g.add_argument("-p", "--prompt", required=True)
     g.add_argument("-n", "--n-predict", type=int, default=64)
     g.add_argument("--temp", type=float, default=0.0, help="0: greedy (default)")
@@ -266,7 +210,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="llama-cpp-python's OpenAI-compatible server on the patched Llama",
                         description="Start llama-cpp-python's OpenAI-compatible server (the server extra) "
                         "with the patched Llama, configured by llama.cpp's flags.")
-    _add_model_flags(sv)
+    flags.add_model_flags(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.set_defaults(func=_cmd_serve)

@@ -1,4 +1,8 @@
-"""Exceptions, and the one place that turns the shim's status codes into them."""
+"""The exceptions llama-metaws raises itself. A leaf: it imports nothing of the package.
+
+The one place that turns the shim's status codes into exceptions is ``_native.check_error``,
+next to the compiled module whose codes and messages it reads.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +12,11 @@ class LlamaMetawsError(RuntimeError):
 
 
 class NativeBuildMissing(LlamaMetawsError, ImportError):
-    """The patched native build for the current inputs has not been made yet."""
+    """The patched native build this checkout needs is missing or stale: run ``llama-metaws build``."""
 
 
 class BindingVersionError(LlamaMetawsError, ImportError):
     """The installed llama-cpp-python is not the release our patches target."""
 
 
-def check_error(status: int) -> int:
-    """Return ``status`` when it is not negative, else raise the matching exception.
-
-    The message is the shim's own (``lmws_last_error``), recorded by the failing call.
-    """
-    if status >= 0:
-        return status
-    from ._native import ffi, lib
-
-    message = ffi.string(lib.lmws_last_error()).decode("utf-8", "replace") or f"status {status}"
-    exc = {
-        lib.LMWS_EINVAL: ValueError,
-        lib.LMWS_ERANGE: IndexError,
-        lib.LMWS_ENOMEM: MemoryError,
-        lib.LMWS_ENOTSUP: NotImplementedError,
-    }.get(status, LlamaMetawsError)
-    raise exc(message)
+__all__ = ["LlamaMetawsError", "NativeBuildMissing", "BindingVersionError"]

@@ -33,20 +33,12 @@ from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
-from .runtime import require_build
-
-require_build()  # before llama_cpp loads a library
-
-import llama_cpp  # noqa: E402
-import llama_cpp.llama_cpp as llama_cpp_lib  # noqa: E402
-from llama_cpp import _internals  # noqa: E402
-from llama_cpp.llama_speculative import LlamaDraftModel  # noqa: E402
-
-from . import devices as _devices  # noqa: E402
-from .loading import split_mode_value  # noqa: E402
-from .mtp import DRAFT, DraftStats, MTPDrafter  # noqa: E402
-from .workspace import MODES as WORKSPACE_MODES  # noqa: E402
-from .workspace import Workspace  # noqa: E402
+from . import devices as _devices
+from ._binding import LlamaDraftModel, _internals, llama_cpp, llama_cpp_lib
+from .loading import split_mode_value
+from .mtp import DRAFT, DraftStats, MTPDrafter
+from .workspace import MODES as WORKSPACE_MODES
+from .workspace import Workspace
 
 __all__ = ["Llama", "MTPDraftModel", "DraftStatsReport"]
 

@@ -11,15 +11,8 @@ import ctypes
 import os
 from typing import Optional, Sequence, Union
 
-from .runtime import require_build
-
-require_build()  # before llama_cpp loads a library: a clear error instead of "not found"
-
-import llama_cpp  # noqa: E402
-from llama_cpp import _internals  # noqa: E402
-from llama_cpp._logger import set_verbose  # noqa: E402
-
-from .devices import DeviceList  # noqa: E402
+from ._binding import _internals, llama_cpp, set_verbose
+from .devices import DeviceList
 
 SPLIT_MODES = {
     "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,

@@ -34,13 +34,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from .runtime import require_build
-
-require_build()  # before llama_cpp loads a library: a clear error instead of "not found"
-
-import llama_cpp  # noqa: E402
-import llama_cpp.llama_cpp_ext as llama_ext  # noqa: E402
-from llama_cpp import _internals  # noqa: E402
+from ._binding import _internals, llama_cpp, llama_ext
 
 __all__ = ["DraftStats", "MTPDrafter"]
 

@@ -32,8 +32,7 @@ N_PREDICT = 16
 
 
 def _case_ggml(mode: str) -> str:
-    from ._native import ffi, lib
-    from .errors import check_error
+    from ._native import check_error, ffi, lib
 
     sharing = {"alias": lib.GGML_GALLOCR_META_ALIAS, "private-meta": lib.GGML_GALLOCR_META_PRIVATE,
                "unsafe-shared": lib.GGML_GALLOCR_META_UNSAFE}[mode]

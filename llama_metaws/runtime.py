@@ -1,11 +1,12 @@
 """Point llama-cpp-python at our patched libraries before it loads them.
 
 ``import llama_metaws`` calls :func:`prepare`: it checks that the installed binding is the
-release our patches target, finds the build for the current inputs and sets
-``LLAMA_CPP_LIB_PATH`` to its ``lib/`` directory, so that ``import llama_cpp`` and the cffi shim
-load the same single copy of ``libllama`` and ``libggml*``. A missing build is not an error
-here (``llama-metaws build`` must be able to run); it is raised when something needs the
-native layer.
+release our patches target, reads the build manifest that ``llama-metaws build`` wrote
+(``build.manifest_path()``; the key is never recomputed from the run-time environment) and
+sets ``LLAMA_CPP_LIB_PATH`` to its ``lib/`` directory, so that ``import llama_cpp`` and the
+cffi shim load the same single copy of ``libllama`` and ``libggml*``. A missing or stale build
+is not an error here (``llama-metaws build`` must be able to run); it is raised, naming the
+command to run, when something needs the native layer.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .errors import BindingVersionError, NativeBuildMissing
 BINDING_DISTRIBUTION = "llama_cpp_python"
 
 _current: Optional[_build.Build] = None
+_missing: Optional[str] = None
 _searched = False
 
 
@@ -44,24 +46,22 @@ def check_binding_version() -> None:
 
 
 def current_build() -> Optional[_build.Build]:
-    """The finished build for the current inputs, or None (looked up once per process)."""
-    global _current, _searched
+    """The build the manifest names, or None when it is missing or stale (read once per process)."""
+    global _current, _missing, _searched
     if not _searched:
         _searched = True
         try:
-            _current = _build.find_build()
-        except _build.BuildError:
-            _current = None
+            _current = _build.read_manifest()
+        except _build.BuildError as e:
+            _current, _missing = None, str(e)
     return _current
 
 
 def require_build() -> _build.Build:
+    """The build in use; NativeBuildMissing (naming the command to run) when there is none."""
     b = current_build()
     if b is None:
-        raise NativeBuildMissing(
-            "the patched llama.cpp for the current patches/series and CMAKE_ARGS is not built: "
-            "run `llama-metaws build` (or `make setup`)"
-        )
+        raise NativeBuildMissing(_missing or "no native build: run `llama-metaws build`")
     return b
 
 

@@ -23,7 +23,7 @@ def serve(args: argparse.Namespace) -> int:
 
     import llama_cpp
 
-    from .cli import llama_kwargs
+    from .flags import llama_kwargs
     from .llama import Llama
 
     ours = llama_kwargs(args)

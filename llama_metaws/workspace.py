@@ -27,9 +27,8 @@ import dataclasses
 import warnings
 from typing import List
 
-from ._native import ffi, lib
+from ._native import check_error, ffi, lib
 from .buffers import compute_buffers, context_address
-from .errors import check_error
 
 MODES = ("alias", "private-meta", "unsafe-shared", "off")
 _META_SHARING = {"alias": "GGML_GALLOCR_META_ALIAS", "private-meta": "GGML_GALLOCR_META_PRIVATE",

@@ -2,8 +2,7 @@
 
 import pytest
 
-from llama_metaws import errors
-from llama_metaws._native import ffi, lib
+from llama_metaws._native import check_error, ffi, lib
 from llama_metaws.buffers import compute_buffers
 from llama_metaws.devices import DeviceList, find_device, list_devices
 from llama_metaws.loading import load_model, new_context
@@ -31,8 +30,8 @@ def test_the_same_device_twice_makes_a_two_device_list():
 def test_check_error_raises_the_shims_message():
     n = ffi.new("int *")
     with pytest.raises(ValueError, match="NULL context"):
-        errors.check_error(lib.lmws_n_compute_buffers(ffi.NULL, n))
-    assert errors.check_error(0) == 0
+        check_error(lib.lmws_n_compute_buffers(ffi.NULL, n))
+    assert check_error(0) == 0
 
 
 def test_compute_buffers_of_a_context(tiny_mtp_model):
@@ -47,7 +46,7 @@ def test_compute_buffers_of_a_context(tiny_mtp_model):
         c = ffi.cast("struct llama_context *", ctx.ctx)
         info = ffi.new("struct lmws_compute_buffer *")
         with pytest.raises(IndexError, match="out of range"):
-            errors.check_error(lib.lmws_get_compute_buffer(c, len(bufs), info))
+            check_error(lib.lmws_get_compute_buffer(c, len(bufs), info))
     finally:
         ctx.close()
         model.close()

@@ -11,7 +11,7 @@ import llama_cpp
 
 from llama_metaws import repro
 from llama_metaws._native import ffi, lib
-from llama_metaws.errors import check_error
+from llama_metaws._native import check_error
 from llama_metaws.loading import greedy_tokens, load_model, new_context
 from llama_metaws.mtp import MTPDrafter
 from llama_metaws.workspace import Workspace, private_bytes
