@@ -26,6 +26,7 @@ New keyword arguments (llama.cpp's option names):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -34,48 +35,16 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 
 from . import devices as _devices
-from ._binding import LlamaDraftModel, _internals, llama_cpp, llama_cpp_lib
+from ._binding import LlamaDraftModel, _internals, llama_cpp
 from .loading import split_mode_value
-from .mtp import DRAFT, DraftStats, MTPDrafter
+from .mtp import DraftStats, MTPDrafter
+from .params import check_fields, set_fields
 from .workspace import MODES as WORKSPACE_MODES
 from .workspace import Workspace
 
 __all__ = ["Llama", "MTPDraftModel", "DraftStatsReport"]
 
 DRAFT_KINDS = ("mtp",)
-
-# llama_cpp.Llama builds its params from llama_cpp.llama_model_default_params() and
-# llama_context_default_params(); while one of ours is constructed, those return params with
-# the fields the binding has no keyword for (devices, load_mtp, n_rs_seq) already set.
-_defaults_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _param_defaults(model_fields: dict, context_fields: dict):
-    orig_model = llama_cpp_lib.llama_model_default_params
-    orig_ctx = llama_cpp_lib.llama_context_default_params
-
-    def model_defaults():
-        p = orig_model()
-        for k, v in model_fields.items():
-            setattr(p, k, v)
-        return p
-
-    def context_defaults():
-        p = orig_ctx()
-        for k, v in context_fields.items():
-            setattr(p, k, v)
-        return p
-
-    with _defaults_lock:
-        llama_cpp_lib.llama_model_default_params = model_defaults
-        llama_cpp_lib.llama_context_default_params = context_defaults
-        try:
-            yield
-        finally:
-            llama_cpp_lib.llama_model_default_params = orig_model
-            llama_cpp_lib.llama_context_default_params = orig_ctx
-
 
 def _gguf_nextn_layers(path: str) -> tuple:
     """(architecture, nextn_predict_layers) from the file's metadata, without loading it."""
@@ -105,6 +74,15 @@ class DraftStatsReport:
                 f"total={self.total} acceptance={self.total.acceptance:.3f})")
 
 
+@dataclasses.dataclass
+class OpenDraft:
+    """A draft handed to the binding and awaiting its verdict."""
+
+    start: int              # the position of the first draft token
+    count: int              # how many tokens were drafted
+    verified: bool = False  # the target has decoded them (the sampling since says what it kept)
+
+
 class MTPDraftModel(LlamaDraftModel):
     """The model's MTP head as a llama-cpp-python draft model.
 
@@ -112,7 +90,8 @@ class MTPDraftModel(LlamaDraftModel):
     decoded batch (:meth:`target_decoded`), and before each evaluation :meth:`sync` cuts it
     back to where the target was cut (a rejected draft, a reset, a reused prefix). Called with
     the tokens so far (the last one sampled, not yet evaluated), it drafts from that token and
-    the target's hidden row before it.
+    the target's hidden row before it. It drives :class:`~llama_metaws.mtp.MTPDrafter` through
+    its step-by-step interface (``rewind_draft``, ``follow_target``, ``propose``).
     """
 
     def __init__(self, drafter: MTPDrafter, stats: DraftStatsReport):
@@ -120,54 +99,52 @@ class MTPDraftModel(LlamaDraftModel):
         self.stats = stats
         self.fed = 0                  # positions the draft context holds
         self.rows = {}                # position -> the target's hidden row (recent ones)
-        self.open_draft = None        # [first draft position, count, verified] awaiting the verdict
+        self.open_draft: Optional[OpenDraft] = None
 
     # the target's side ----------------------------------------------------------------------
 
     def sync(self, n_tokens: int) -> None:
         """The target holds ``n_tokens`` positions: settle the last draft, cut the draft context."""
         self._settle(n_tokens)
-        d = self.drafter
         if n_tokens == 0:
-            if self.fed:
-                d._seq_rm(DRAFT, 0)
+            self.drafter.rewind_draft(0)
             self.fed = 0
             self.rows.clear()
-            d._pending = np.zeros(d.n_embd, dtype=np.float32)
         elif self.fed > n_tokens:
-            d._seq_rm(DRAFT, n_tokens)
+            # the row of the last kept position, when it is still known
+            self.drafter.rewind_draft(n_tokens, self.rows.get(n_tokens - 1))
             self.fed = n_tokens
-            # the row of the last kept position, when it is still known (else a zero row:
-            # drafts get worse, outputs do not change)
-            row = self.rows.get(n_tokens - 1)
-            d._pending = row.copy() if row is not None else np.zeros(d.n_embd, dtype=np.float32)
 
     def _settle(self, n_tokens: int) -> None:
         """Count the open draft once it was verified: the sampling since kept what it accepted."""
-        if self.open_draft is None or not self.open_draft[2]:
+        d = self.open_draft
+        if d is None or not d.verified:
             return
-        start, count, _ = self.open_draft
-        accepted = max(0, min(n_tokens, start + count) - start)
+        accepted = max(0, min(n_tokens, d.start + d.count) - d.start)
         for s in (self.stats.last, self.stats.total):
-            s.drafted += count
+            s.drafted += d.count
             s.accepted += accepted
             s.steps += 1
         self.open_draft = None
 
+    def discard_open_draft(self) -> None:
+        """A request ended: a draft verified but not settled is not counted (its positions were
+        never all sampled)."""
+        self.open_draft = None
+
     def target_decoded(self, tokens: Sequence[int], pos0: int) -> None:
         """The target decoded ``tokens`` at ``pos0``: feed the draft, token p with row p-1."""
-        d = self.drafter
         if pos0 != self.fed:  # out of step (should not happen): start the draft afresh
             self.sync(0)
             if pos0 != 0:
                 return
-        h = d._target_rows(len(tokens))
+        h = self.drafter.follow_target(tokens, pos0)
         keep = {p: r for p, r in self.rows.items() if p >= pos0 - 1}
-        d._feed_draft(list(tokens), pos0, h, "prompt" if len(tokens) > 1 else "decode")
         for i in range(len(tokens)):
             keep[pos0 + i] = h[i]
-        if self.open_draft is not None and pos0 < self.open_draft[0] <= pos0 + len(tokens):
-            self.open_draft[2] = True
+        d = self.open_draft
+        if d is not None and pos0 < d.start <= pos0 + len(tokens):
+            d.verified = True
         self.rows = keep
         self.fed = pos0 + len(tokens)
 
@@ -180,8 +157,8 @@ class MTPDraftModel(LlamaDraftModel):
         if n_past != self.fed or n_past < 1:
             return np.array([], dtype=np.intc)
         n_draft = min(d.draft_max, d.n_ctx - n_past - 1)
-        drafts = d._draft(int(input_ids[-1]), n_past, n_draft)
-        self.open_draft = [n_past + 1, len(drafts), False] if drafts else None
+        drafts = d.propose(int(input_ids[-1]), n_past, n_draft)
+        self.open_draft = OpenDraft(n_past + 1, len(drafts)) if drafts else None
         return np.array(drafts, dtype=np.intc)
 
 
@@ -280,28 +257,57 @@ class Llama(llama_cpp.Llama):
             if draft_model is not None:
                 raise ValueError("draft='mtp' and draft_model=... both give a draft model: choose one")
             draft_model = MTPDraftModel.__new__(MTPDraftModel)  # set up once the model is loaded
-        with _param_defaults(model_fields, context_fields):
-            super().__init__(
-                model_path, *args, split_mode=split, tensor_split=tensor_split,
-                draft_model=draft_model, **kwargs,
-            )
+        # llama_cpp.Llama.__init__ makes its params with the binding's default-params calls and
+        # assigns them to self.model_params / self.context_params before it loads anything: the
+        # properties below add our fields there, on this instance alone (no other thread or
+        # instance can see them), by the names the structs declare
+        self._model_fields, self._context_fields = model_fields, context_fields
+        super().__init__(
+            model_path, *args, split_mode=split, tensor_split=tensor_split,
+            draft_model=draft_model, **kwargs,
+        )
+        # what llama.cpp was given is what we asked for (a binding that built its params some
+        # other way would otherwise lose them silently)
+        check_fields(self.model_params, model_fields, "llama_model_params")
+        check_fields(self.context_params, context_fields, "llama_context_params")
+        for name, getter in (("n_seq_max", llama_cpp.llama_n_seq_max), ("n_rs_seq", llama_cpp.llama_n_rs_seq)):
+            if name in context_fields and int(getter(self._ctx.ctx)) < context_fields[name]:
+                raise RuntimeError(f"the context has {name}={int(getter(self._ctx.ctx))}, "
+                                   f"{context_fields[name]} was asked for")
 
         if draft == "mtp":
             self._setup_mtp(draft_max, float(draft_p_min), phase_aware_workspace, workspace_mode,
                             allow_unsafe_workspace)
 
+    # the binding assigns these once, in __init__, before it loads the model / the context
+
+    @property
+    def model_params(self):
+        return self.__dict__.get("_model_params")
+
+    @model_params.setter
+    def model_params(self, params) -> None:
+        set_fields(params, getattr(self, "_model_fields", {}))
+        self.__dict__["_model_params"] = params
+
+    @property
+    def context_params(self):
+        return self.__dict__.get("_context_params")
+
+    @context_params.setter
+    def context_params(self, params) -> None:
+        set_fields(params, getattr(self, "_context_fields", {}))
+        self.__dict__["_context_params"] = params
+
     # ---------------------------------------------------------------------------------------
 
     def _setup_mtp(self, draft_max, p_min, phase_aware, mode, allow_unsafe) -> None:
         cp = llama_cpp.llama_context_default_params()
-        cp.n_ctx = self.context_params.n_ctx
-        cp.n_batch = self.context_params.n_batch
-        cp.n_ubatch = self.context_params.n_ubatch
-        cp.n_seq_max = self.context_params.n_seq_max
-        cp.n_threads = self.context_params.n_threads
-        cp.n_threads_batch = self.context_params.n_threads_batch
-        cp.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
-        cp.n_rs_seq = 0
+        tp = self.context_params
+        set_fields(cp, dict(n_ctx=tp.n_ctx, n_batch=tp.n_batch, n_ubatch=tp.n_ubatch,
+                            n_seq_max=tp.n_seq_max, n_threads=tp.n_threads,
+                            n_threads_batch=tp.n_threads_batch,
+                            ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0))
         self._draft_ctx = self._stack.enter_context(contextlib.closing(
             _internals.LlamaContext(model=self._model, params=cp, verbose=self.verbose)))
         drafter = MTPDrafter(self._ctx, self._draft_ctx, draft_max=draft_max, p_min=p_min)
@@ -384,9 +390,7 @@ class Llama(llama_cpp.Llama):
                 "decode_tokens_per_s": (n_out - 1) / (t_end - t_first) if t_first and n_out > 1 and t_end > t_first else 0.0,
             }
             if self._mtp is not None:
-                # a draft verified but not settled when the request stopped is not counted:
-                # its positions were never all sampled
-                self._mtp.open_draft = None
+                self._mtp.discard_open_draft()
 
     def workspace_stats(self):
         """Per compute buffer type: requirements, bytes allocated, generation, grows/shrinks."""

@@ -13,6 +13,7 @@ from typing import Optional, Sequence, Union
 
 from ._binding import _internals, llama_cpp, set_verbose
 from .devices import DeviceList
+from .params import set_fields
 
 SPLIT_MODES = {
     "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
@@ -55,18 +56,18 @@ def load_model(
 ) -> LoadedModel:
     set_verbose(verbose)
     params = llama_cpp.llama_model_default_params()
-    params.load_mtp = load_mtp
-    params.use_mmap = use_mmap
-    params.split_mode = split_mode_value(split_mode)
+    fields = dict(load_mtp=load_mtp, split_mode=split_mode_value(split_mode),
+                  # the 0.3.36 binding has no use_mmap field: mmap is a load mode
+                  load_mode=llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE)
     device_list = None
     if devices:
         device_list = DeviceList(devices)
-        params.devices = device_list.pointer
-        params.n_gpu_layers = 999  # every layer goes to the named devices
+        fields.update(devices=device_list.pointer, n_gpu_layers=999)  # every layer on the named devices
     ts_array = None
     if tensor_split:
         ts_array = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)
-        params.tensor_split = ts_array
+        fields["tensor_split"] = ts_array
+    set_fields(params, fields)
     model = LoadedModel(path_model=os.fspath(path), params=params, verbose=verbose)
     model.device_list = device_list
     model.tensor_split_array = ts_array
@@ -85,13 +86,11 @@ def new_context(
     verbose: bool = False,
 ) -> _internals.LlamaContext:
     params = llama_cpp.llama_context_default_params()
-    params.n_ctx = n_ctx
-    params.n_batch = n_batch
-    params.n_ubatch = n_ubatch or n_batch
-    params.n_seq_max = n_seq_max
-    params.n_rs_seq = n_rs_seq
+    fields = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch or n_batch, n_seq_max=n_seq_max,
+                  n_rs_seq=n_rs_seq)
     if mtp:
-        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        fields["ctx_type"] = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+    set_fields(params, fields)
     return _internals.LlamaContext(model=model, params=params, verbose=verbose)
 
 

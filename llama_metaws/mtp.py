@@ -290,6 +290,28 @@ class MTPDrafter:
             self.total.add(stats)
         return out
 
+    # the step-by-step interface (llama.MTPDraftModel drives the loop from the binding's
+    # generate(): the target is decoded there, the draft context follows it here)
+
+    def rewind_draft(self, n_keep: int, pending: Optional[np.ndarray] = None) -> None:
+        """Keep positions ``< n_keep`` of the draft context; the next token fed pairs with
+        ``pending`` (the target's hidden row of position ``n_keep - 1``; None: a zero row,
+        which makes drafts worse, never outputs different)."""
+        self._seq_rm(DRAFT, n_keep)
+        self._pending = (np.zeros(self.n_embd, dtype=np.float32) if pending is None
+                         else np.asarray(pending, dtype=np.float32).copy())
+
+    def follow_target(self, tokens: Sequence[int], pos0: int) -> np.ndarray:
+        """The target has just decoded ``tokens`` at ``pos0``: feed them to the draft context
+        (token p with the target's row p-1) and return the target's rows for them."""
+        h = self._target_rows(len(tokens))
+        self._feed_draft(list(tokens), pos0, h, "prompt" if len(tokens) > 1 else "decode")
+        return h
+
+    def propose(self, last: int, pos0: int, n_draft: int) -> List[int]:
+        """Up to ``n_draft`` draft tokens continuing ``last`` (at ``pos0``, not yet decoded)."""
+        return self._draft(int(last), pos0, n_draft)
+
     def close(self) -> None:
         for b in (self._tbatch, self._dbatch):
             if b is not None:

@@ -1,6 +1,7 @@
 """Tensor split on a CPU meta test bed: decoding, the borrower alias, the crash and its fix."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,8 +11,7 @@ import pytest
 import llama_cpp
 
 from llama_metaws import repro
-from llama_metaws._native import ffi, lib
-from llama_metaws._native import check_error
+from llama_metaws._native import check_error, ffi, lib
 from llama_metaws.loading import greedy_tokens, load_model, new_context
 from llama_metaws.mtp import MTPDrafter
 from llama_metaws.workspace import Workspace, private_bytes
@@ -31,9 +31,19 @@ def mtp_path(models_dir):
     return make_tiny_mtp_model(models_dir / "ts-mtp.gguf", seed=5, agreement=0.8)
 
 
+def _mappings(path) -> int:
+    """How many of this process's memory mappings are of the file ``path``."""
+    target = str(os.path.realpath(path))
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if line.rstrip("\n").endswith(" " + target))
+
+
 def _logits(path, *, devices, split_mode, use_mmap=True, load_mtp=False, n=6):
     """Logits of each of n greedy steps (after the prompt), as one array."""
+    before = _mappings(path)
     model = load_model(path, devices=devices, split_mode=split_mode, use_mmap=use_mmap, load_mtp=load_mtp)
+    # the load mode took: with mmap the model file is mapped while the model lives, without not
+    assert (_mappings(path) > before) == use_mmap, f"use_mmap={use_mmap} but mappings {before} -> {_mappings(path)}"
     ctx = new_context(model, n_ctx=128, n_batch=32, n_rs_seq=1)
     n_vocab = llama_cpp.llama_vocab_n_tokens(model.vocab)
     rows = []

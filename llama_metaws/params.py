@@ -1,0 +1,61 @@
+"""Setting fields of the binding's ctypes structs by the names they declare, and nothing else.
+
+ctypes accepts any attribute on a ``Structure``: ``params.use_mmap = False`` on a
+``llama_model_params`` that has no such field is stored on the Python object and llama.cpp
+never sees it. :func:`set_fields` refuses such a name (``AttributeError`` naming the struct and
+what it does declare) and reads every value back, so a typo or a binding that renamed a field
+fails at once instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Dict, Iterable
+
+
+def declared_fields(struct: ctypes.Structure) -> Iterable[str]:
+    names = []
+    for cls in type(struct).__mro__:
+        names.extend(name for name, *_ in getattr(cls, "_fields_", ()))
+    return names
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, ctypes.c_void_p):
+        want = want.value
+    if isinstance(got, ctypes.c_void_p):
+        got = got.value
+    if isinstance(want, bool) or isinstance(got, bool):
+        return bool(got) == bool(want)
+    if isinstance(want, (int, float)) and isinstance(got, (int, float)):
+        return got == want
+    if want is None:
+        return not got
+    return True  # pointers and arrays: ctypes converts them; their identity is not comparable
+
+
+def set_fields(struct: ctypes.Structure, fields: Dict[str, Any]) -> None:
+    """``struct.<name> = value`` for each item, only for names ``struct``'s type declares."""
+    declared = set(declared_fields(struct))
+    for name, value in fields.items():
+        if name not in declared:
+            raise AttributeError(
+                f"{type(struct).__name__} has no field {name!r} (it declares: "
+                f"{', '.join(sorted(declared))})")
+        setattr(struct, name, value)
+        if not _same(getattr(struct, name), value):
+            raise ValueError(f"{type(struct).__name__}.{name} = {value!r} did not take "
+                             f"(it reads back {getattr(struct, name)!r})")
+
+
+def check_fields(struct: ctypes.Structure, fields: Dict[str, Any], what: str) -> None:
+    """Every item of ``fields`` is what ``struct`` holds now; RuntimeError names the first that is not."""
+    for name, value in fields.items():
+        got = getattr(struct, name)
+        if isinstance(value, ctypes.c_void_p):
+            ok = (got or 0) == (value.value or 0)
+        else:
+            ok = _same(got, value)
+        if not ok:
+            raise RuntimeError(f"llama.cpp did not get {what}.{name} = {value!r} (it has {got!r}): "
+                               "the binding built its params in a way llama-metaws does not know")
