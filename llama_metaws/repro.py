@@ -15,13 +15,12 @@ pass. ``run_cases()`` returns one record per case; ``llama-metaws repro`` prints
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
+
+from .children import run_child
 
 LEVELS = ("ggml", "llama")
 MODES = ("unsafe-shared", "private-meta", "alias")
@@ -87,15 +86,6 @@ def _child(level: str, mode: str, model_path: Optional[str]) -> int:
     return 0
 
 
-def child_env() -> Dict[str, str]:
-    """The environment of a case that may abort: ggml's abort would otherwise attach gdb for a
-    backtrace (slow, and it hangs under AddressSanitizer); the assert line is all we read."""
-    return dict(os.environ, GGML_NO_BACKTRACE="1")
-
-
-_ASSERT = re.compile(r"(?:(\S+):(\d+): )?(GGML_ASSERT\(.*?\) failed)")
-
-
 def run_case(level: str, mode: str, *, model_path: Optional[str] = None, timeout: float = 300) -> Dict[str, str]:
     """One case in a subprocess: ``{level, mode, result ("ok" | "assert" | "error"), message}``."""
     if level not in LEVELS or mode not in MODES:
@@ -103,17 +93,8 @@ def run_case(level: str, mode: str, *, model_path: Optional[str] = None, timeout
     cmd = [sys.executable, "-m", "llama_metaws.repro", "--child", level, mode]
     if model_path:
         cmd += ["--model", os.fspath(model_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
-    record = {"level": level, "mode": mode}
-    out = proc.stdout.strip().splitlines()
-    if proc.returncode == 0:
-        return dict(record, result="ok", message=out[-1] if out else "")
-    m = _ASSERT.search(proc.stderr)
-    if m:
-        where = f"{os.path.basename(m.group(1))}:{m.group(2)}: " if m.group(1) else ""
-        return dict(record, result="assert", message=where + m.group(3))
-    last = out[-1] if out else (proc.stderr.strip().splitlines() or [""])[-1]
-    return dict(record, result="error", message=last or f"exit status {proc.returncode}")
+    result, message = run_child(cmd, timeout=timeout).verdict()
+    return {"level": level, "mode": mode, "result": result, "message": message}
 
 
 def run_cases(levels: Sequence[str] = LEVELS, modes: Sequence[str] = MODES,

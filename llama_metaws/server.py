@@ -12,6 +12,8 @@ import sys
 
 
 def serve(args: argparse.Namespace) -> int:
+    from ._binding import llama_cpp  # the patched build first: the server extra loads the binding
+
     try:
         import uvicorn
         from llama_cpp.server.app import create_app
@@ -20,8 +22,6 @@ def serve(args: argparse.Namespace) -> int:
         print(f"llama-metaws serve needs llama-cpp-python's server extra "
               f"(pip install 'llama-metaws[server]'): {e}", file=sys.stderr)
         return 2
-
-    import llama_cpp
 
     from .flags import llama_kwargs
     from .llama import Llama

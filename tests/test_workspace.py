@@ -1,7 +1,6 @@
 """The phase-aware workspace on one CPU device: identity, exact memory, fail-closed, teardown."""
 
 import subprocess
-import warnings
 
 import pytest
 
