@@ -162,6 +162,29 @@ class MTPDraftModel(LlamaDraftModel):
         return np.array(drafts, dtype=np.intc)
 
 
+class _WithOurFields:
+    """``self.<name> = params`` stores the binding's params with our fields set on them.
+
+    ``llama_cpp.Llama.__init__`` makes ``self.model_params`` / ``self.context_params`` from the
+    binding's default-params calls before it loads the model / the context; this data
+    descriptor adds the fields in ``self.<fields_attr>`` at that assignment, on this instance
+    only, by the names the struct declares (:func:`~llama_metaws.params.set_fields`).
+    """
+
+    def __init__(self, fields_attr: str):
+        self.fields_attr = fields_attr
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else obj.__dict__.get(self.slot)
+
+    def __set__(self, obj, params) -> None:
+        set_fields(params, getattr(obj, self.fields_attr, {}))
+        obj.__dict__[self.slot] = params
+
+
 class Llama(llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` with MTP drafting, named devices and the workspace.
 
@@ -280,24 +303,8 @@ class Llama(llama_cpp.Llama):
                             allow_unsafe_workspace)
 
     # the binding assigns these once, in __init__, before it loads the model / the context
-
-    @property
-    def model_params(self):
-        return self.__dict__.get("_model_params")
-
-    @model_params.setter
-    def model_params(self, params) -> None:
-        set_fields(params, getattr(self, "_model_fields", {}))
-        self.__dict__["_model_params"] = params
-
-    @property
-    def context_params(self):
-        return self.__dict__.get("_context_params")
-
-    @context_params.setter
-    def context_params(self, params) -> None:
-        set_fields(params, getattr(self, "_context_fields", {}))
-        self.__dict__["_context_params"] = params
+    model_params = _WithOurFields("_model_fields")
+    context_params = _WithOurFields("_context_fields")
 
     # ---------------------------------------------------------------------------------------
 
