@@ -14,6 +14,7 @@ import llama_metaws  # noqa: F401  (sets LLAMA_CPP_LIB_PATH: must come before ll
 import llama_cpp.llama_cpp as ll
 import llama_cpp.llama_cpp_ext as llx
 
+from llama_metaws.params import set_fields
 from llama_metaws.testing import (
     N_EMBD,
     N_VOCAB,
@@ -46,8 +47,7 @@ class Model:
 
     def __init__(self, path: Path, *, load_mtp: bool = False) -> None:
         mp = ll.llama_model_default_params()
-        mp.n_gpu_layers = 0
-        mp.load_mtp = load_mtp
+        set_fields(mp, dict(n_gpu_layers=0, load_mtp=load_mtp))
         self.model = ll.llama_model_load_from_file(str(path).encode(), mp)
         assert self.model, f"failed to load {path}"
         self.n_embd = ll.llama_model_n_embd(self.model)
@@ -56,15 +56,9 @@ class Model:
 
     def context(self, *, mtp: bool = False, n_rs_seq: int = 0) -> ll.llama_context_p:
         cp = ll.llama_context_default_params()
-        cp.n_ctx = N_CTX
-        cp.n_batch = N_CTX
-        cp.n_ubatch = N_CTX
-        cp.n_seq_max = 1
-        cp.n_threads = N_THREADS
-        cp.n_threads_batch = N_THREADS
-        cp.n_rs_seq = n_rs_seq
-        if mtp:
-            cp.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+        set_fields(cp, dict(n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, n_seq_max=1, n_threads=N_THREADS,
+                            n_threads_batch=N_THREADS, n_rs_seq=n_rs_seq,
+                            ctx_type=ll.LLAMA_CONTEXT_TYPE_MTP if mtp else ll.LLAMA_CONTEXT_TYPE_DEFAULT))
         ctx = ll.llama_init_from_model(self.model, cp)
         assert ctx, "failed to create a context"
         self.contexts.append(ctx)
