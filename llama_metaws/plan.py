@@ -417,7 +417,8 @@ def plan(model: Optional[Union[str, os.PathLike]] = None, *, hf_config=None, dev
         if split != llama_cpp.LLAMA_SPLIT_MODE_TENSOR and len(names) > 1:
             notes.append("layer split on CPU stand-ins: the devices share one buffer type, so their compute is "
                          "one buffer (row CPU); plan on the real devices for the per-device split")
-    result.params.update(devices=list(labels), stand_in=stand_in, source=os.fspath(model or hf_config))
+    result.params.update(devices=list(labels), stand_in=stand_in, source=os.fspath(model) if model is not None else
+                         (os.fspath(hf_config) if not isinstance(hf_config, dict) else "config (dict)"))
     return result
 
 

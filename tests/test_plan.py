@@ -156,3 +156,21 @@ def test_format_plan_shows_every_device_and_the_saving(mtp_path):
     assert [d.name for d in p.devices] == ["CUDA0", "CUDA1", "CPU"]
     assert p.params["stand_in"] is True and any("stand-ins" in n for n in p.notes)
     assert "alias saves vs private-meta" in text and "CUDA1" in text
+
+
+def test_a_qwen35_moe_config_with_mtp_is_planned():
+    cfg = {"model_type": "qwen3_5_moe", "text_config": {
+        "model_type": "qwen3_5_moe_text", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 2,
+        "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 256, "full_attention_interval": 4,
+        "linear_conv_kernel_dim": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "mtp_num_hidden_layers": 1, "num_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256,
+        "rope_parameters": {"rope_theta": 1e7, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]}}}
+    p = plan(hf_config=cfg, devices=2, split_mode="tensor", n_ctx=512, n_ubatch=64, n_seq_max=2, weight_type="f16")
+    d = p.device("CPU0")
+    assert d.draft_compute > 0 and d.recurrent > 0 and d.compute["alias"] < d.compute["off"]
+    # 4 experts x (gate, up, down) of 256 x 256 in f16 per layer, 5 layers: most of the weights
+    assert p.model["size"] > 5 * 4 * 3 * 256 * 256 * 2
+    del cfg["text_config"]["num_experts_per_tok"]
+    with pytest.raises(PlanError, match="num_experts_per_tok"):
+        plan(hf_config=cfg)
