@@ -180,7 +180,7 @@ class BuildInputs:
 def shim_key(lib_key: str, native_dir: Path) -> str:
     """The library key plus every file of the shim's sources."""
     h = hashlib.sha256(lib_key.encode())
-    for path in sorted(p for p in native_dir.rglob("*") if p.is_file() and p.suffix in (".h", ".c", ".py")):
+    for path in sorted(p for p in native_dir.rglob("*") if p.is_file() and p.suffix in (".h", ".c", ".cpp", ".py")):
         h.update(str(path.relative_to(native_dir)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:20]

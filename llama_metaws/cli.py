@@ -1,4 +1,4 @@
-"""``llama-metaws``: build the patched llama.cpp, list devices, run the demo."""
+"""``llama-metaws``: build the patched llama.cpp, list devices, run the demo, plan memory."""
 
 from __future__ import annotations
 
@@ -80,6 +80,12 @@ def _cmd_vram(args: argparse.Namespace) -> int:
     from . import vram
 
     return vram.run_from_args(args)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from . import plan
+
+    return plan.run_from_args(args)
 
 
 def _cmd_repro(args: argparse.Namespace) -> int:
@@ -191,6 +197,17 @@ def make_parser() -> argparse.ArgumentParser:
 
     _vram_arguments(vr)
     vr.set_defaults(func=_cmd_vram)
+
+    pl = sub.add_parser("plan", allow_abbrev=False,
+                        help="predict memory per device from a GGUF header or a config.json",
+                        description="Ask llama.cpp (a no_alloc model on CPU stand-ins, the target and "
+                        "MTP draft contexts on it) for weights, KV, recurrent state and compute per "
+                        "device, and the compute held under the workspace modes off, private-meta "
+                        "and alias. Reads no weights.")
+    from .plan import add_arguments as _plan_arguments
+
+    _plan_arguments(pl)
+    pl.set_defaults(func=_cmd_plan)
 
     g = sub.add_parser("generate", allow_abbrev=False,
                        help="generate text with llama.cpp's flags (MTP drafting, tensor split, workspace)",

@@ -19,4 +19,8 @@ class BindingVersionError(LlamaMetawsError, ImportError):
     """The installed llama-cpp-python is not the release our patches target."""
 
 
-__all__ = ["LlamaMetawsError", "NativeBuildMissing", "BindingVersionError"]
+class PlanError(ValueError):
+    """The planner cannot map its input (a config field, a flag); the message names it."""
+
+
+__all__ = ["PlanError", "LlamaMetawsError", "NativeBuildMissing", "BindingVersionError"]

@@ -25,10 +25,10 @@ def make_ffi(include_dir: Path, lib_dir: Path, sanitize: tuple = ()) -> cffi.FFI
     ffi.set_source(
         MODULE_NAME,
         '#include "shim.h"\n',
-        sources=[str(HERE / "shim.c")],
+        sources=[str(HERE / "shim.c"), str(HERE / "breakdown.cpp")],  # the C++ side: llama-ext.h calls
         include_dirs=[str(HERE), str(include_dir)],
         library_dirs=[str(lib_dir)],
-        libraries=["llama", "ggml", "ggml-base"],
+        libraries=["llama", "ggml", "ggml-base", "stdc++"],
         extra_compile_args=["-std=c11", "-Wall", "-Werror=implicit-function-declaration", *sanitize],
         extra_link_args=[f"-Wl,-rpath,{lib_dir}", *sanitize],
     )

@@ -10,6 +10,11 @@ const char * lmws_last_error(void) {
     return lmws_error_msg;
 }
 
+int lmws_fail_message(int status, const char * msg) {
+    snprintf(lmws_error_msg, sizeof(lmws_error_msg), "%s", msg);
+    return status;
+}
+
 static int lmws_fail(int status, const char * fmt, ...) {
     va_list args;
     va_start(args, fmt);

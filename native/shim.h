@@ -24,6 +24,8 @@ extern "C" {
 #endif
 
 const char * lmws_last_error(void);
+// record msg for lmws_last_error and return status (for the shim's C++ side)
+int lmws_fail_message(int status, const char * msg);
 
 struct lmws_compute_buffer {
     ggml_backend_buffer_type_t buft;
@@ -44,6 +46,17 @@ int lmws_workspace_set_meta_sharing(struct llama_context * owner, int sharing);
 int lmws_cpu_meta_device(int n_devices, ggml_backend_dev_t * out);
 int lmws_repro_meta_shared(int sharing, int n_devices, uint64_t * owner_generations);
 int lmws_meta_alias_check(int n_devices, int * alias_of_plain, int * alias_of_alias);
+
+// the planner: llama.cpp's memory breakdown of a context, one entry per buffer type
+// (breakdown.cpp). With a no_alloc model these are the bytes the allocators would allocate;
+// compute counts each scheduler backend, so a buffer type used by k backends is counted k times.
+struct lmws_memory_entry {
+    ggml_backend_buffer_type_t buft;
+    size_t                     model;    // weights
+    size_t                     context;  // KV cache and recurrent state
+    size_t                     compute;  // compute buffers
+};
+int lmws_memory_breakdown(const struct llama_context * ctx, struct lmws_memory_entry * out, int capacity, int * n);
 
 #ifdef __cplusplus
 }

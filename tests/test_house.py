@@ -15,7 +15,6 @@ import pytest
 import llama_cpp
 import llama_cpp.llama_cpp as llama_cpp_lib
 
-import llama_metaws
 from llama_metaws import build
 from llama_metaws.params import set_fields
 

@@ -11,7 +11,7 @@ import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
 
-def _device_keys(names: Sequence[str]) -> List[str]:
+def device_keys(names: Sequence[str]) -> List[str]:
     """Keys for the simple devices of a meta device: a name given twice is numbered."""
     counts: Dict[str, int] = {}
     for n in names:
@@ -39,7 +39,7 @@ class ContextGroup:
         if not self.contexts:
             raise ValueError("watch: no open context to watch")
         self.workspace = workspace
-        self.meta_keys = _device_keys(list(devices)) if devices else []
+        self.meta_keys = device_keys(list(devices)) if devices else []
         self.addresses = {context_address(c) for c in self.contexts}
         self.address = address
         self.llm = llm

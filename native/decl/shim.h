@@ -32,3 +32,13 @@ int lmws_workspace_set_meta_sharing(struct llama_context * owner, int sharing);
 int lmws_cpu_meta_device(int n_devices, ggml_backend_dev_t * out);
 int lmws_repro_meta_shared(int sharing, int n_devices, uint64_t * owner_generations);
 int lmws_meta_alias_check(int n_devices, int * alias_of_plain, int * alias_of_alias);
+
+/* the planner (breakdown.cpp): llama.cpp's memory breakdown, one entry per buffer type */
+struct lmws_memory_entry {
+    ggml_backend_buffer_type_t buft;
+    size_t                     model;
+    size_t                     context;
+    size_t                     compute;
+    ...;
+};
+int lmws_memory_breakdown(const struct llama_context * ctx, struct lmws_memory_entry * out, int capacity, int * n);
