@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import openai  # the test extra installs the official client
@@ -304,6 +305,8 @@ BAD = {
     "negative max_tokens (completions)": (400, "max_tokens", lambda c: _complete(c, max_tokens=-1)),
     "negative max_tokens (chat)": (400, "max_tokens", lambda c: _chat(c, max_tokens=-5)),
     "zero max_tokens": (400, "max_tokens", lambda c: _complete(c, max_tokens=0)),
+    "negative max_completion_tokens": (400, "max_completion_tokens", lambda c: _chat(
+        c, max_tokens=None, max_completion_tokens=-1)),
     "empty prompt": (400, "prompt", lambda c: _complete(c, prompt="")),
     "two prompts": (400, "prompt", lambda c: _complete(c, prompt=["a b", "c d"])),
     "no messages": (400, "messages", lambda c: c.chat.completions.create(model="tiny-mtp", messages=[])),
@@ -361,14 +364,18 @@ def test_malformed_json_is_a_json_400_on_a_connection_that_stays_open(mtp_server
         assert conn.sock is sock, "the keep-alive connection was reset"
         conn.request("GET", "/nowhere")
         r = conn.getresponse()
-        assert r.status == 404 and "error" in json.loads(r.read())
+        assert r.status == 404 and json.loads(r.read())["error"]["code"] == "not_found"
+        conn.request("GET", "/v1/completions")
+        r = conn.getresponse()
+        assert r.status == 405 and json.loads(r.read())["error"]["code"] == "method_not_allowed"
     finally:
         conn.close()
 
 
-def test_metrics_need_the_flag(plain_server, mtp_server):
-    assert mtp_server.get("/metrics")[0] == 200
-    # the plain server has --metrics too, behind its key
+def test_metrics_behind_the_api_key(plain_server):
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        plain_server.get("/metrics")
+    assert exc.value.code == 401
     status, text = plain_server.get("/metrics", headers={"Authorization": "Bearer sesame"})
     assert status == 200 and "llamacpp:prompt_tokens_total" in text
 
@@ -426,6 +433,9 @@ def test_a_signal_stops_the_server_within_10_s_with_a_stream_in_flight(plain_mod
     server = Server(plain_model, "-c", "4096", "-b", "512", "-ub", "512", "-fa", "on",
                     log_path=tmp_path / "signal.log")
     try:
+        with pytest.raises(urllib.error.HTTPError) as exc:  # no --metrics here
+            server.get("/metrics")
+        assert exc.value.code == 501 and json.loads(exc.value.read())["error"]["code"] == "metrics_disabled"
         stream = server.client().completions.create(model="server-llama.gguf", prompt=PROMPT, max_tokens=3000,
                                                     temperature=0, logit_bias={str(EOS_TOKEN): -100},
                                                     stream=True)
