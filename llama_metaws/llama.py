@@ -103,6 +103,10 @@ class RequestGuard:
     nothing, so a request cannot free another's hold. While a thread runs a step of the request
     (:meth:`running`) it is marked with the ticket, so an :meth:`hold` from inside that step
     (``generate`` calling ``eval``) goes on without waiting for itself.
+
+    A request waits for the one before it to end, whoever ends it: a thread that starts a second
+    request while a stream it holds is still open waits until that stream is finished, closed or
+    dropped elsewhere, so finish or close a stream before starting another on the same thread.
     """
 
     def __init__(self) -> None:
