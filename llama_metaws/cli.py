@@ -224,12 +224,14 @@ def make_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_cmd_generate)
 
     sv = sub.add_parser("serve", allow_abbrev=False,
-                        help="llama-cpp-python's OpenAI-compatible server on the patched Llama",
-                        description="Start llama-cpp-python's OpenAI-compatible server (the server extra) "
-                        "with the patched Llama, configured by llama.cpp's flags.")
+                        help="an OpenAI-compatible server on the patched Llama (llama-server's flags)",
+                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and "
+                        "(--metrics) /metrics with the patched Llama, configured by llama-server's flags, "
+                        "e.g. -m MODEL --device CPU,CPU -sm tensor --spec-type draft-mtp "
+                        "--phase-aware-workspace --port 8080. One request runs at a time (-np sizes the "
+                        "contexts); others wait, up to --queue-size. Needs the server extra.")
     flags.add_model_flags(sv)
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
+    flags.add_server_flags(sv)
     sv.set_defaults(func=_cmd_serve)
     return p
 
