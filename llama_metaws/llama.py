@@ -237,7 +237,9 @@ class MTPDraftModel(LlamaDraftModel):
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         d = self.drafter
         n_past = len(input_ids) - 1  # position of the last (sampled, not evaluated) token
-        self._settle(n_past)
+        # a rejected draft: the binding cut the target back to n_past; cut the draft context
+        # too (the verification batch left the target's row for n_past - 1) and draft again
+        self.sync(n_past)
         if n_past != self.fed or n_past < 1:
             return np.array([], dtype=np.intc)
         n_draft = min(d.draft_max, d.n_ctx - n_past - 1)
@@ -308,6 +310,8 @@ class Llama(llama_cpp.Llama):
         self._workspace: Optional[Workspace] = None
         self.draft_stats = DraftStatsReport()
         self._timings = _timings(0, 0, 0, 0, 0.0, 0.0)
+        self._in_request = False  # inside _generate_held
+        self._verifying = False   # the request's prompt is evaluated: every row is sampled now
 
         # arguments first: a clear ValueError before anything is loaded
         if draft is not None and draft not in DRAFT_KINDS:
@@ -384,6 +388,10 @@ class Llama(llama_cpp.Llama):
                                    f"{context_fields[name]} was asked for")
 
         if draft == "mtp":
+            # the binding turns logits_all on whenever a draft model is set: logits for every
+            # prompt token (n_tokens x n_vocab computed and copied). Drafting reads only what
+            # sampling reads (see _eval_drafting); logits_all and logprobs stay the user's choice
+            self._logits_all = bool(kwargs.get("logits_all", False))
             self._setup_mtp(draft_max, float(draft_p_min), phase_aware_workspace, workspace_mode,
                             allow_unsafe_workspace)
 
@@ -394,12 +402,11 @@ class Llama(llama_cpp.Llama):
     # ---------------------------------------------------------------------------------------
 
     def _setup_mtp(self, draft_max, p_min, phase_aware, mode, allow_unsafe) -> None:
-        cp = llama_cpp.llama_context_default_params()
+        # the draft context is the target's, as llama.cpp derives it: the same KV types, flash
+        # attention, offload, threads and sizes; an MTP context with no rollback snapshots
         tp = self.context_params
-        set_fields(cp, dict(n_ctx=tp.n_ctx, n_batch=tp.n_batch, n_ubatch=tp.n_ubatch,
-                            n_seq_max=tp.n_seq_max, n_threads=tp.n_threads,
-                            n_threads_batch=tp.n_threads_batch,
-                            ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0))
+        cp = type(tp).from_buffer_copy(tp)
+        set_fields(cp, dict(ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0))
         self._draft_ctx = self._stack.enter_context(contextlib.closing(
             _internals.LlamaContext(model=self._model, params=cp, verbose=self.verbose)))
         drafter = MTPDrafter(self._ctx, self._draft_ctx, draft_max=draft_max, p_min=p_min)
@@ -425,25 +432,32 @@ class Llama(llama_cpp.Llama):
     def _eval_locked(self, tokens: Sequence[int]):
         if self._mtp is None:
             return super().eval(tokens)
+        return self._eval_drafting(tokens)
+
+    def _eval_drafting(self, tokens: Sequence[int]) -> None:
+        """The target decodes ``tokens``; the draft context follows it.
+
+        Logits are asked for where the binding's sampling reads them and nowhere else (unless
+        ``logits_all``): the last token of a request's prompt (or of a plain ``eval``), every
+        position of the evaluations after it in the same request (the sampled token and its
+        drafts). No logits are copied: the sampler reads llama.cpp's own rows.
+        """
         self._mtp.sync(self.n_tokens)
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
+        # after a request's prompt, each evaluation is [sampled token, drafts...] (or what a
+        # caller sent into the generator), every position of which the binding samples
+        every_row = self._logits_all or self._verifying
+        self._verifying = self._in_request
         for start in range(0, len(tokens), self.n_batch):
             chunk = list(tokens[start : start + self.n_batch])
             n_past, n = self.n_tokens, len(chunk)
-            self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=self._logits_all)
+            # the binding's batch: the last token gives logits, the others when every_row
+            self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=every_row)
             self._ctx.decode(self._batch)
             self.input_ids[n_past : n_past + n] = chunk
-            if self._logits_all:
-                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n, self._n_vocab))
-                rows = self.scores.shape[0]
-                if n_past + n <= rows:
-                    self.scores[n_past : n_past + n, :] = logits
-                else:
-                    # Without logits_all=True the binding keeps n_batch rows, yet drafting needs
-                    # every row of the last batch: keep a window whose last rows are that batch
-                    # (what generate() and the stop criteria read, counting from the end)
-                    self.scores[: rows - n, :] = self.scores[n:, :].copy()
-                    self.scores[rows - n :, :] = logits
+            if self._logits_all:  # the user asked for every row (logprobs): keep them, as the binding does
+                self.scores[n_past : n_past + n, :] = np.ctypeslib.as_array(
+                    self._ctx.get_logits(), shape=(n, self._n_vocab))
             self.n_tokens += n
             self._mtp.target_decoded(chunk, n_past)
         self._requires_eval = False
@@ -489,6 +503,7 @@ class Llama(llama_cpp.Llama):
         t0 = time.perf_counter()
         t_first, n_out = None, 0
         inner = super().generate(tokens, *args, **kwargs)
+        self._in_request, self._verifying = True, False
         try:
             token = next(inner)
             while True:
@@ -501,6 +516,7 @@ class Llama(llama_cpp.Llama):
             pass
         finally:
             inner.close()
+            self._in_request = self._verifying = False
             t_end = time.perf_counter()
             self._request_counts = None
             cache_n = counts[0] or 0
