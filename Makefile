@@ -20,7 +20,8 @@ SANITIZE_ENV := $(SANITIZE_MANIFEST) \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	GGML_NO_BACKTRACE=1
-SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py
+SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py \
+	tests/test_memory_pressure.py tests/test_sweep.py
 
 .PHONY: setup build demo test bench sanitize clean-build
 
