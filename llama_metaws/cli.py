@@ -87,7 +87,8 @@ def _cmd_repro(args: argparse.Namespace) -> int:
 
     levels = [args.level] if args.level else list(LEVELS)
     modes = [args.mode] if args.mode else list(MODES)
-    records = run_cases(levels, modes, model_path=args.model,
+    devices = [d.strip() for d in args.device.split(",") if d.strip()] if args.device else None
+    records = run_cases(levels, modes, model_path=args.model, devices=devices,
                         progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(records, indent=2))
@@ -227,13 +228,15 @@ def make_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("repro", help="reproduce GGML_ASSERT(tensor) of a shared meta buffer, and the fix",
                        description="Run each case in its own subprocess: the ggml level (a two-device "
                        "CPU meta backend, owner/borrower/owner in one shared buffer) and the llama level "
-                       "(the tiny MTP model under tensor split over CPU,CPU with the workspace and MTP "
+                       "(the tiny MTP model under tensor split over CPU,CPU, or --device, with the workspace and MTP "
                        "drafting), for the modes unsafe-shared (expected to abort with "
                        "GGML_ASSERT(tensor)), private-meta and alias (expected to pass). Exit status 0 "
                        "when every case behaved as expected.")
     r.add_argument("--level", choices=["ggml", "llama"], help="only this level")
     r.add_argument("--mode", choices=["unsafe-shared", "private-meta", "alias"], help="only this mode")
     r.add_argument("-m", "--model", help="GGUF model with nextn layers for the llama level (default: tiny)")
+    r.add_argument("-dev", "--device", help="the llama level's tensor split, e.g. CUDA0,CUDA0 (default: "
+                   "LLAMA_METAWS_TEST_DEVICES cycled to two, else CPU,CPU)")
     r.add_argument("--json", action="store_true",
                    help="print a JSON list of {level, mode, result, message} instead of lines")
     r.set_defaults(func=_cmd_repro)
