@@ -1,4 +1,4 @@
-"""``llama-metaws``: build the patched llama.cpp, list devices, run the demo."""
+"""``llama-metaws``: build the patched llama.cpp, list devices, run the demo, make the GPU run kit."""
 
 from __future__ import annotations
 
@@ -78,6 +78,12 @@ def _cmd_vram(args: argparse.Namespace) -> int:
     from . import vram
 
     return vram.run_from_args(args)
+
+
+def _cmd_gpu_kit(args: argparse.Namespace) -> int:
+    from . import gpukit
+
+    return gpukit.run_from_args(args)
 
 
 def _cmd_repro(args: argparse.Namespace) -> int:
@@ -250,6 +256,18 @@ def make_parser() -> argparse.ArgumentParser:
 
     _vram_arguments(vr)
     vr.set_defaults(func=_cmd_vram)
+
+    gk = sub.add_parser("gpu-kit", allow_abbrev=False,
+                        help="prepare here the folder a machine with an NVIDIA GPU and no network runs",
+                        description="Write the GPU run kit: the patched llama.cpp trimmed for a CPU+CUDA "
+                        "build, CPython 3.12 manylinux wheels of every dependency and of llama-metaws, the "
+                        "tiny models and run.sh (install offline, build for CUDA sm_90, the CUDA subset of "
+                        "the suite, llama-metaws vram --nvidia; results under $OUT). --dry-run then runs "
+                        "run.sh --cpu from the kit alone, with no network, into a fresh venv.")
+    from .gpukit import add_arguments as _gpukit_arguments
+
+    _gpukit_arguments(gk)
+    gk.set_defaults(func=_cmd_gpu_kit)
 
     g = sub.add_parser("generate", allow_abbrev=False,
                        help="generate text with llama.cpp's flags (MTP drafting, tensor split, workspace)",
