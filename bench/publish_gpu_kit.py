@@ -40,7 +40,8 @@ def section(out: Path) -> str:
     lines += [f"| {st['name']} | {st['status']} | {st['seconds']:.1f} |" for st in s.get("steps", [])]
     t = s.get("tests")
     if t:
-        lines += ["", f"CUDA subset: {t['tests']} tests, {t['failures']} failed, {t['errors']} errors, "
+        what = "CUDA subset" if s.get("backend") == "cuda" else f"Tests ({s.get('backend')})"
+        lines += ["", f"{what}: {t['tests']} tests, {t['failures']} failed, {t['errors']} errors, "
                       f"{t['skipped']} skipped, {t['seconds']} s."]
         lines += [f"- {f['kind']}: `{f['test']}`: {f['message']}" for f in t.get("failed", [])]
     if isinstance(records, list) and records:

@@ -12,8 +12,8 @@
 #   report     summary.json: each step's status and seconds, the tests, the vram table
 #
 # Each step prints its time; a failed install or build stops the steps that need it, any other
-# failed step lets the others run on. Everything lands in $OUT: run.log, summary.json, vram.json, vram.png,
-# junit.xml. Exit status 0 when every step passed.
+# failed step lets the others run on. Everything lands in $OUT: run.log, summary.json,
+# vram.json, vram.png, junit.xml. Exit status 0 when every step passed.
 #
 #   bash run.sh [--cpu] [--steps a,b,...] [--devices LIST]
 #
@@ -52,7 +52,7 @@ while [ $# -gt 0 ]; do
         --work) WORK="$2"; shift ;;
         --out) OUTDIR="$2"; shift ;;
         --budget) BUDGET="$2"; shift ;;
-        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift

@@ -150,6 +150,33 @@ def test_report_summarizes_steps_tests_and_vram(tmp_path):
     assert "alias (tensor)" in res.stdout and "3.000" in res.stdout
 
 
+def test_publish_turns_a_run_into_the_gpu_section(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    peak = lambda n: {"CUDA0": n, "CUDA1": n, "nvml:0": 1000 * MiB + n, "rss": 90 * MiB}  # noqa: E731
+    records = [{"name": "private-meta (tensor)", "result": "ok", "tokens_per_s": 80.0, "draft_acceptance": 0.7,
+                "peak": peak(5 * MiB)},
+               {"name": "alias (tensor)", "result": "ok", "tokens_per_s": 81.0, "draft_acceptance": 0.7,
+                "peak": peak(3 * MiB)}]
+    (out / "summary.json").write_text(json.dumps({
+        "date": "2027-01-01T00:00:00+00:00", "backend": "cuda", "devices": "CUDA0,CUDA0",
+        "machine": {"gpus": ["0, NVIDIA H200, 143771 MiB, 580.159.04"], "cores": 16, "python": "3.12.3"},
+        "kit": {"git": "abc123", "made": "2026-12-31"}, "cmake_args": "-DGGML_CUDA=ON",
+        "steps": [{"name": "build", "status": "ok", "seconds": 301.5}],
+        "tests": {"tests": 46, "failures": 0, "errors": 0, "skipped": 0, "seconds": 90.0, "failed": []},
+        "vram": records}))
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import publish_gpu_kit
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    text = publish_gpu_kit.section(out)
+    assert "NVIDIA H200" in text and "2027-01-01" in text and "| build | ok | 301.5 |" in text
+    assert "CUDA subset: 46 tests, 0 failed" in text
+    assert "| alias (tensor) | ok | 81.0 | 70.0% | 3,145,728 B | 3,145,728 B | 1,003.0 MiB | 90.0 MiB |" in text
+    assert "peak per device saved: CUDA0 2,097,152 B, CUDA1 2,097,152 B, nvml:0 2,097,152 B" in text
+
+
 # --------------------------------------------------------------------------------------------
 # the build from a pre-patched source (LLAMA_METAWS_LLAMA_SOURCE)
 
