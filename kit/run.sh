@@ -75,6 +75,13 @@ left() { awk -v a="$T0" -v b="$(now)" -v t="$BUDGET" -v r="$REPORT_RESERVE" \
     'BEGIN { s = t - r - (b - a); if (s < 5) s = 5; printf "%d", s }'; }
 # a command under the deadline
 limit() { timeout --kill-after=10 "$(left)" "$@"; }
+# the same, leaving S seconds for the steps after it
+limit_leaving() {
+    local s=$(( $(left) - $1 ))
+    shift
+    [ "$s" -lt 5 ] && s=5
+    timeout --kill-after=10 "$s" "$@"
+}
 
 # pip from this kit alone: no configuration files, no index, no environment of pip's own
 for v in $(compgen -e | grep '^PIP_' || true); do unset "$v"; done
@@ -268,7 +275,9 @@ step_test() {
     [ "$DEVICES" = auto ] && DEVICES=$([ "$BACKEND" = cpu ] && echo CPU,CPU || echo CUDA0,CUDA0)
     echo "LLAMA_METAWS_TEST_DEVICES=$DEVICES${GGML_CUDA_DEVICES:+ GGML_CUDA_DEVICES=$GGML_CUDA_DEVICES}"
     # shellcheck disable=SC2086
-    (cd "$KIT/repo" && LLAMA_METAWS_TEST_DEVICES="$DEVICES" limit "$PY" -m pytest -p no:cacheprovider -rfE \
+    local reserve=0
+    want vram && reserve="${KIT_VRAM_RESERVE_S:-90}"  # the seed's table must still fit after the tests
+    (cd "$KIT/repo" && LLAMA_METAWS_TEST_DEVICES="$DEVICES" limit_leaving "$reserve" "$PY" -m pytest -p no:cacheprovider -rfE \
         --durations=15 --junitxml="$OUTDIR/junit.xml" $tests)
 }
 
