@@ -28,8 +28,12 @@
 #   --budget S         the whole run's deadline in seconds (KIT_BUDGET_S; default 540): each
 #                      step gets what is left, less what the report needs
 # and KIT_TESTS (pytest's arguments, default the CUDA subset), KIT_VRAM_ARGS (more arguments
-# for llama-metaws vram), KIT_CMAKE_ARGS (more CMake arguments), KIT_CUDA_DIRS (more folders
-# to look for cuBLAS in).
+# for llama-metaws vram), KIT_VRAM_RESERVE_S (seconds the tests leave for vram, default 90),
+# KIT_CMAKE_ARGS (more CMake arguments), KIT_CUDA_DIRS (more folders to look for cuBLAS in).
+#
+# A second call with the same --work on the same machine reuses the unpacked source, the
+# finished build and what preflight found: `--steps preflight,install,build` in one command,
+# `--steps devices,test,vram,report` in the next, when one command's time is short.
 set -uo pipefail
 
 KIT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
