@@ -32,7 +32,7 @@
 # KIT_CMAKE_ARGS (more CMake arguments), KIT_CUDA_DIRS (more folders to look for cuBLAS in).
 #
 # A second call with the same --work on the same machine reuses the unpacked source, the
-# finished build and what preflight found: `--steps preflight,install,build` in one command,
+# finished build and what preflight found: `--steps preflight,install,build,report` in one command,
 # `--steps devices,test,vram,report` in the next, when one command's time is short.
 set -uo pipefail
 
@@ -99,7 +99,9 @@ unset LLAMA_CPP_LIB_PATH
 BASE_CMAKE_ARGS=""
 if [ "$BACKEND" = cuda ]; then
     # sm_90 only; the fewest kernels the tests need: flash attention for f16 K/V alone (no
-    # all-quants), no NCCL (one GPU, listed twice); uncompressed fatbins (faster to make)
+    # all-quants), no NCCL (one GPU, listed twice); uncompressed fatbins (faster to make).
+    # Left at their defaults on purpose: GGML_CUDA_GRAPHS (on, as users run it: graph capture
+    # must live with the workspace's resizes) and GGML_NATIVE (the CPU backend only; no kernels)
     BASE_CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA_ALL_QUANTS=OFF"
     BASE_CMAKE_ARGS+=" -DGGML_CUDA_FA_QUANTS=f16-f16 -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_COMPRESSION_MODE=none"
 fi
