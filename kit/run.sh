@@ -178,7 +178,7 @@ step_preflight() {
     local root
     root=$(dirname "$(dirname "$nvcc")")
     echo "nvcc: $nvcc ($("$nvcc" --version | grep -o 'release [0-9.]*'))"
-    local args="$BASE_CMAKE_ARGS -DCMAKE_CUDA_COMPILER=$nvcc"
+    local args="$BASE_CMAKE_ARGS -DCMAKE_CUDA_COMPILER=$nvcc -DCUDAToolkit_ROOT=$root"
     # cuBLAS: beside nvcc, else in a Python package (nvidia-cublas: nvidia/cu13 or nvidia/cublas)
     local sites
     sites=$("$PY" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
@@ -213,7 +213,13 @@ step_preflight() {
     fi
     local cudart
     cudart=$(find_first 'libcudart.so*' "$root/lib64" "$root/lib" "$root/targets/x86_64-linux/lib" "${dirs[@]}")
-    [ -n "$cudart" ] && ld+=":$(dirname "$cudart")"
+    echo "CUDA runtime: ${cudart:-MISSING}"
+    [ -n "$cudart" ] || return 1
+    ld+=":$(dirname "$cudart")"
+    case "$cudart" in
+        "$root"/*) ;;
+        *) args+=" -DCUDA_CUDART=$cudart" ;;  # FindCUDAToolkit looks for it beside nvcc only
+    esac
     args+=" ${KIT_CMAKE_ARGS:-}"
     echo "$args" >"$WORK/cmake_args"
     echo "$ld" >"$WORK/ld_path"
