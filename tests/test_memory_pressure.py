@@ -11,7 +11,6 @@ run (llama.h, ggml-alloc.h: a failed reserve withdraws the role's requirements, 
 fall back to what the decode phase needs).
 """
 
-import ctypes
 import json
 import os
 import subprocess
