@@ -544,77 +544,9 @@ def build_shim(build: Build, progress: Progress = _stderr_progress) -> Path:
     return found
 
 
-# --------------------------------------------------------------------------------------------
-# The run-time manifest: which build this checkout uses
-
-
-MANIFEST_ENV = "LLAMA_METAWS_MANIFEST"
-MANIFEST_VERSION = 1
-
-
-def manifest_path() -> Path:
-    """``LLAMA_METAWS_MANIFEST``, else ``build/manifest.json`` in the source checkout.
-
-    ``llama-metaws build`` writes it; ``import llama_metaws`` reads it and never recomputes
-    the key from the environment (``CMAKE_ARGS``, ``CC`` at run time do not matter). A second
-    build flavour (``make sanitize``) keeps a manifest of its own through the variable.
-    """
-    env = os.environ.get(MANIFEST_ENV)
-    return Path(env) if env else source_root() / "build" / "manifest.json"
-
-
-def source_fingerprint(root: Optional[Path] = None) -> dict:
-    """What the checkout's sources are now: the series (name, sha256) and the shim's sources."""
-    root = root or source_root()
-    return {
-        "patches": [[p.name, _sha256_bytes(p.read_bytes())] for p in read_series(root / "patches")],
-        "native": shim_key("", root / "native"),
-    }
-
-
-def write_manifest(b: Build, inputs: BuildInputs, path: Optional[Path] = None) -> Path:
-    path = path or manifest_path()
-    doc = dict(version=MANIFEST_VERSION, key=inputs.key(), build=str(b.root),
-               shim=str(b.shim) if b.shim else None, cmake_args=list(inputs.cmake_args),
-               compiler=inputs.compiler, **source_fingerprint())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def read_manifest(path: Optional[Path] = None) -> Build:
-    """The build the manifest names, checked against the checkout; BuildError says what to run."""
-    path = path or manifest_path()
-    run = "run `llama-metaws build` (or `make setup`)"
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BuildError(f"no native build is recorded for this checkout ({path} is missing): {run}") from None
-    except ValueError as e:
-        raise BuildError(f"the build manifest {path} is unreadable ({e}): {run}") from None
-    if doc.get("version") != MANIFEST_VERSION:
-        raise BuildError(f"the build manifest {path} is of another version: {run}")
-    now = source_fingerprint()
-    if doc.get("patches") != now["patches"]:
-        raise BuildError(f"the build in {path} was made from another patches/series than the "
-                         f"checkout's: {run}")
-    if doc.get("native") != now["native"]:
-        raise BuildError(f"the cffi shim in {path} was built from other native/ sources: {run}")
-    root = Path(doc["build"])
-    if not (root / "build.json").is_file():
-        raise BuildError(f"the build {root} named in {path} no longer exists: {run}")
-    shim = Path(doc["shim"]) if doc.get("shim") else None
-    if shim is None or not shim.is_file():
-        raise BuildError(f"the cffi shim named in {path} no longer exists: {run}")
-    return Build(root, shim)
-
-
 def build(progress: Progress = _stderr_progress, *, force: bool = False) -> Build:
-    """Library and shim for the current inputs, and the manifest: what ``llama-metaws build`` runs."""
+    """Library and shim for the current inputs (``llama-metaws build`` then records the result
+    in the run-time manifest: ``manifest.write_manifest``)."""
     inputs = BuildInputs.collect()
     b = build_library(inputs, progress, force=force)
-    b = Build(b.root, build_shim(b, progress))
-    progress(f"llama-metaws: manifest {write_manifest(b, inputs)}")
-    return b
+    return Build(b.root, build_shim(b, progress))

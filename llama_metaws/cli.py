@@ -11,10 +11,11 @@ from . import flags
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from . import build
+    from . import build, manifest
 
     try:
         b = build.build(force=args.force)
+        print(f"llama-metaws: manifest {manifest.write_manifest(b)}", file=sys.stderr)
     except build.BuildError as e:
         print(f"llama-metaws build: {e}", file=sys.stderr)
         return 1
