@@ -144,7 +144,7 @@ def compiler_identity() -> str:
     return "; ".join(lines)
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -216,7 +216,7 @@ def tree_sha256(root: Path) -> str:
         if rel == SOURCE_MANIFEST:
             continue
         h.update(rel.encode() + b"\0")
-        h.update(os.readlink(path).encode() if path.is_symlink() else _sha256_file(path).encode())
+        h.update(os.readlink(path).encode() if path.is_symlink() else sha256_file(path).encode())
         h.update(b"\0")
     return h.hexdigest()
 
@@ -336,7 +336,7 @@ def fetch_sdist(downloads: Path, progress: Progress) -> Path:
     """The pinned sdist, from the cache or through ``pip download``; its sha256 is checked."""
     downloads.mkdir(parents=True, exist_ok=True)
     target = downloads / SDIST_FILENAME
-    if target.is_file() and _sha256_file(target) == SDIST_SHA256:
+    if target.is_file() and sha256_file(target) == SDIST_SHA256:
         progress(f"  using cached {target.name}")
         return target
     with tempfile.TemporaryDirectory(dir=downloads) as tmp:
@@ -352,7 +352,7 @@ def fetch_sdist(downloads: Path, progress: Progress) -> Path:
         got = Path(tmp) / SDIST_FILENAME
         if not got.is_file():
             raise BuildError(f"fetch step: pip did not produce {SDIST_FILENAME}: {os.listdir(tmp)}")
-        digest = _sha256_file(got)
+        digest = sha256_file(got)
         if digest != SDIST_SHA256:
             raise BuildError(
                 f"fetch step: {SDIST_FILENAME} has sha256 {digest}, expected {SDIST_SHA256}"
