@@ -7,7 +7,9 @@ prompt reuse keeps, as llama-server does with ``--ctx-checkpoints``, copies of t
 part of the state (``llama_state_seq_get_data_ext`` with ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``)
 at the end of each prompt and every ``checkpoint_every`` tokens of a long one. A later request
 restores the newest checkpoint inside the prefix it shares with the tokens held, cuts the
-attention KV after it and evaluates only the rest.
+attention KV after it and evaluates only the rest. A checkpoint is also taken 4 tokens before the
+end of each prompt, as llama-server does, for a next prompt that parts from this one in its last
+tokens (the same prompt again, a template's or a tokenizer's seam).
 
 A :class:`Checkpoint` also keeps the tokens it covers (it is valid only while the context holds
 exactly those tokens before it) and the target's hidden row of its last position (the MTP draft
@@ -34,6 +36,8 @@ DEFAULT_CTX_CHECKPOINTS = 8
 DEFAULT_CHECKPOINT_EVERY = 512
 #: bytes of host memory the checkpoints may take at most
 DEFAULT_CHECKPOINT_BYTES = 1 << 30
+#: a checkpoint this many tokens before the end of each prompt too (llama-server's choice)
+TAIL = 4
 
 PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
@@ -178,17 +182,23 @@ class PromptReuse:
 
     def chunks(self, n_past: int, n: int, n_batch: int, prompt: bool):
         """(start, size, checkpoint after it) for evaluating ``n`` tokens after ``n_past``: chunks
-        of ``n_batch`` at most; for a request's ``prompt``, also ending at each multiple of
-        ``every`` (a checkpoint there) and at the end (a checkpoint too)."""
+        of ``n_batch`` at most; for a request's ``prompt``, also ending (with a checkpoint) at each
+        multiple of ``every``, :data:`TAIL` tokens before the end (as llama-server does: the next
+        prompt may part from this one in its last tokens, a chat template's or a tokenizer's
+        seam) and at the end."""
         save = prompt and self.active and self.store.enabled
-        every = self.every if save else 0
+        stops = set()
+        if save:
+            stops.add(n)
+            if n > TAIL:
+                stops.add(n - TAIL)
+            if self.every:
+                stops.update(range(self.every - n_past % self.every, n, self.every))
         start = 0
         while start < n:
-            size = min(n_batch, n - start)
-            if every:
-                size = min(size, (n_past + start) // every * every + every - (n_past + start))
-            start += size
-            yield start - size, size, save and (start == n or (every and (n_past + start) % every == 0))
+            end = min([start + n_batch, n] + [x for x in stops if x > start])
+            yield start, end - start, end in stops
+            start = end
 
     def save(self, llm) -> None:
         """A checkpoint of the target as it stands (every position evaluated is in the prompt)."""

@@ -76,8 +76,9 @@ def test_a_prompt_diverging_after_a_checkpoint_restores_it(agree_path, random_pa
     path, sampling, seed = (agree_path, GREEDY, None) if mode == "greedy" else (random_path, SAMPLED, 3)
     with Llama(path, draft="mtp", checkpoint_every=EVERY, **KW) as llm:
         run(llm, P1, 12, seed=seed, **sampling)
-        assert llm.checkpoint_stats()["positions"] == [16, 32, 40]
-        p2 = P1[:37] + NEW  # diverges at 37: the newest checkpoint inside is at 32
+        # every 16 tokens, 4 before the end (llama-server's choice) and at the end
+        assert llm.checkpoint_stats()["positions"] == [16, 32, 36, 40]
+        p2 = P1[:35] + NEW  # diverges at 35: the newest checkpoint inside is at 32
         a2 = run(llm, p2, 12, seed=seed, **sampling)
         t, stats = llm.timings(), llm.checkpoint_stats()
     assert stats["restored"] == 1
@@ -174,3 +175,12 @@ def test_llama_ram_cache_with_drafting(agree_path):
     with Llama(agree_path, draft="mtp", **KW) as fresh:
         want = fresh.create_completion(again, max_tokens=10, temperature=0.0)["choices"][0]["text"]
     assert got == want
+
+
+def test_the_same_prompt_again_restores_the_checkpoint_before_its_last_tokens(agree_path):
+    with Llama(agree_path, draft="mtp", checkpoint_every=0, **KW) as llm:
+        first = run(llm, P1, 10)  # from scratch: the reference
+        assert llm.checkpoint_stats()["positions"] == [len(P1) - 4, len(P1)]
+        again = run(llm, P1, 10)
+        assert llm.timings()["cache_n"] == len(P1) - 4 and llm.timings()["prompt_n"] == 4
+    assert again == first
