@@ -48,6 +48,7 @@ bench: setup
 	$(PY) bench/bench_workspace.py
 	$(PY) bench/bench_tensor_split.py
 	$(PY) bench/bench_llama.py
+	$(PY) bench/bench_reuse.py
 	$(PY) bench/bench_vram.py
 
 sanitize: $(VENV)/.deps

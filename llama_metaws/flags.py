@@ -36,6 +36,12 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase-aware-workspace", action="store_true",
                    help="share the target's and the draft's compute buffers (needs --spec-type draft-mtp)")
     p.add_argument("--workspace-mode", default="alias", choices=["alias", "private-meta", "unsafe-shared", "off"])
+    p.add_argument("-ctxcp", "--ctx-checkpoints", type=int, default=8,
+                   help="prompt-reuse checkpoints kept at most (a recurrent or hybrid target with "
+                   "draft-mtp; default 8, 0: none)")
+    p.add_argument("--checkpoint-every", type=int, default=512,
+                   help="a checkpoint every N tokens of a long prompt, besides each prompt's end "
+                   "(default 512, 0: only there)")
     p.add_argument("-np", "--parallel", type=int, default=1, help="sequences (n_seq_max)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096)
     p.add_argument("-b", "--batch-size", type=int, default=2048)
@@ -72,6 +78,7 @@ def llama_kwargs(args: argparse.Namespace) -> dict:
         phase_aware_workspace=args.phase_aware_workspace,
         workspace_mode=args.workspace_mode if args.phase_aware_workspace else "off",
         allow_unsafe_workspace=args.workspace_mode == "unsafe-shared",
+        ctx_checkpoints=args.ctx_checkpoints, checkpoint_every=args.checkpoint_every,
     )
     fa = getattr(args, "flash_attn", "auto")
     if fa == "on":

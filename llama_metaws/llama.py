@@ -20,7 +20,9 @@ New keyword arguments (llama.cpp's option names):
   ``tensor_split``;
 - ``n_seq_max`` (llama.cpp's ``-np``): sequences the contexts hold;
 - ``phase_aware_workspace=True`` and ``workspace_mode`` (``"alias"``, ``"private-meta"``,
-  ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash).
+  ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash);
+- prompt reuse of a recurrent or hybrid target with drafting (:mod:`llama_metaws.checkpoints`):
+  ``ctx_checkpoints`` (count), ``checkpoint_every`` (tokens) and ``ctx_checkpoints_bytes``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import numpy as np
 
 from . import devices as _devices
 from ._binding import LlamaDraftModel, _internals, llama_cpp
+from . import checkpoints as _ckpt
 from .loading import split_mode_value
 from .mtp import DraftStats, MTPDrafter
 from .params import check_fields, set_fields
@@ -211,6 +214,12 @@ class MTPDraftModel(LlamaDraftModel):
             s.steps += 1
         self.open_draft = None
 
+    def restart_at(self, n_tokens: int, row: Optional[np.ndarray]) -> None:
+        """The target was put back at ``n_tokens`` (a checkpoint, a loaded state): keep the draft
+        context's positions before it; the next token pairs with ``row`` (None: a zero row)."""
+        self.open_draft, self.fed, self.rows = None, n_tokens, {} if row is None else {n_tokens - 1: row}
+        self.drafter.rewind_draft(n_tokens, row)
+
     def discard_open_draft(self) -> None:
         """A request ended: a draft verified but not settled is not counted (its positions were
         never all sampled)."""
@@ -298,6 +307,9 @@ class Llama(llama_cpp.Llama):
         workspace_mode: str = "alias",
         allow_unsafe_workspace: bool = False,
         n_seq_max: int = 1,
+        ctx_checkpoints: int = _ckpt.DEFAULT_CTX_CHECKPOINTS,
+        checkpoint_every: int = _ckpt.DEFAULT_CHECKPOINT_EVERY,
+        ctx_checkpoints_bytes: int = _ckpt.DEFAULT_CHECKPOINT_BYTES,
         **kwargs,
     ):
         # Serializes requests from several threads (see the class docstring): the target, the
@@ -312,6 +324,8 @@ class Llama(llama_cpp.Llama):
         self._timings = _timings(0, 0, 0, 0, 0.0, 0.0)
         self._in_request = False  # inside _generate_held
         self._verifying = False   # the request's prompt is evaluated: every row is sampled now
+        # prompt reuse through checkpoints (a recurrent target with drafting); checks arguments
+        self._reuse = _ckpt.PromptReuse(ctx_checkpoints, checkpoint_every, ctx_checkpoints_bytes)
 
         # arguments first: a clear ValueError before anything is loaded
         if draft is not None and draft not in DRAFT_KINDS:
@@ -394,6 +408,8 @@ class Llama(llama_cpp.Llama):
             self._logits_all = bool(kwargs.get("logits_all", False))
             self._setup_mtp(draft_max, float(draft_p_min), phase_aware_workspace, workspace_mode,
                             allow_unsafe_workspace)
+            # a recurrent state can be cut back only inside its last decode: reuse checkpoints
+            self._reuse.active = bool(self._is_recurrent or self._is_hybrid)
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")
@@ -446,11 +462,12 @@ class Llama(llama_cpp.Llama):
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
         # after a request's prompt, each evaluation is [sampled token, drafts...] (or what a
         # caller sent into the generator), every position of which the binding samples
+        prompt = self._in_request and not self._verifying
         every_row = self._logits_all or self._verifying
         self._verifying = self._in_request
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = list(tokens[start : start + self.n_batch])
-            n_past, n = self.n_tokens, len(chunk)
+        # chunks of n_batch at most; a request's prompt ends one at each checkpoint position
+        for start, n, checkpoint in self._reuse.chunks(self.n_tokens, len(tokens), self.n_batch, prompt):
+            chunk, n_past = list(tokens[start : start + n]), self.n_tokens
             # the binding's batch: the last token gives logits, the others when every_row
             self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=every_row)
             self._ctx.decode(self._batch)
@@ -460,7 +477,13 @@ class Llama(llama_cpp.Llama):
                     self._ctx.get_logits(), shape=(n, self._n_vocab))
             self.n_tokens += n
             self._mtp.target_decoded(chunk, n_past)
+            if checkpoint:
+                self._reuse.save(self)
         self._requires_eval = False
+
+    def checkpoint_stats(self) -> dict:
+        """Prompt reuse: :meth:`llama_metaws.checkpoints.PromptReuse.stats`."""
+        return self._reuse.stats()
 
     def generate(self, tokens, *args, **kwargs):
         """``llama_cpp.Llama.generate``, timed; the draft statistics of this request start at zero.
@@ -493,11 +516,10 @@ class Llama(llama_cpp.Llama):
 
     def _generate_held(self, tokens, *args, **kwargs):
         self.draft_stats.last = DraftStats()
-        if self._mtp is not None and (self._is_recurrent or self._is_hybrid) and kwargs.get("reset", True):
-            # the binding would reuse a cached prompt prefix by removing the positions after it;
-            # a recurrent state kept for rolling back drafts (n_rs_seq) makes that removal
-            # succeed where it must not, so a recurrent target starts every request afresh
-            self.reset()
+        sampled = list(tokens)  # the prompt, then each token sampled (None: a caller sent tokens)
+        reuse = self._reuse.active and kwargs.get("reset", True)
+        if reuse:  # the live state, a rollback inside its snapshots, a checkpoint; else afresh
+            self._reuse.start(self, sampled[:])
         n_prompt = len(tokens)
         counts = self._request_counts = [None, 0]
         t0 = time.perf_counter()
@@ -510,13 +532,22 @@ class Llama(llama_cpp.Llama):
                 if t_first is None:
                     t_first = time.perf_counter()
                 n_out += 1
+                if sampled is not None:
+                    sampled.append(token)
                 # the binding's protocol: a caller may send tokens to evaluate next; pass them on
-                token = inner.send((yield token))
+                sent = yield token
+                sampled = sampled if sent is None else None
+                token = inner.send(sent)
         except StopIteration:
             pass
+        except Exception:
+            sampled = None  # a failed request: nothing to settle (a closed generator is no failure)
+            raise
         finally:
             inner.close()
             self._in_request = self._verifying = False
+            if reuse and sampled:
+                self._reuse.end(self, sampled)
             t_end = time.perf_counter()
             self._request_counts = None
             cache_n = counts[0] or 0
@@ -524,6 +555,19 @@ class Llama(llama_cpp.Llama):
                                      (t_first or t_end) - t0, t_end - t_first if t_first else 0.0)
             if self._mtp is not None:
                 self._mtp.discard_open_draft()
+
+    def save_state(self) -> "llama_cpp.LlamaState":
+        """The binding's state; with drafting, the draft context's too (``LlamaRAMCache`` works)."""
+        with self._guard.hold():
+            state = super().save_state()
+            return state if self._mtp is None else _ckpt.save_draft_state(self, state)
+
+    def load_state(self, state: "llama_cpp.LlamaState") -> None:
+        """The binding's; with drafting, a drafting Llama's state (the draft context's is restored)."""
+        with self._guard.hold():
+            _ckpt.check_draft_state(self, state)
+            super().load_state(state)
+            _ckpt.load_draft_state(self, state)
 
     def workspace_stats(self):
         """Per compute buffer type: requirements, bytes allocated, generation, grows/shrinks."""

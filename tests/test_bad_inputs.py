@@ -109,6 +109,14 @@ def _injected_grow_failure(env):
         model.close()
 
 
+def _load_state_without_draft(env):
+    from llama_metaws import Llama
+
+    with Llama(env.mtp, **KW) as plain, Llama(env.mtp, draft="mtp", **KW) as llm:
+        plain.eval(plain.tokenize(b"abc"))
+        llm.load_state(plain.save_state())
+
+
 def _cli_unknown_flag(env):
     res = subprocess.run([sys.executable, "-m", "llama_metaws", "generate", "-m", env.mtp, "-p", "x",
                           "--draft-pmin", "0.5"], capture_output=True, text=True)
@@ -136,6 +144,12 @@ CASES = [
     ("Llama(split_mode='diagonal')", lambda e: _llama(e, split_mode="diagonal"), ValueError,
      r"split_mode 'diagonal' is not one of"),
     ("Llama(n_seq_max=0)", lambda e: _llama(e, n_seq_max=0), ValueError, r"n_seq_max must be"),
+    ("Llama(ctx_checkpoints=-1)", lambda e: _llama(e, draft="mtp", ctx_checkpoints=-1), ValueError,
+     r"ctx_checkpoints must be an integer >= 0"),
+    ("Llama(checkpoint_every=-5)", lambda e: _llama(e, draft="mtp", checkpoint_every=-5), ValueError,
+     r"checkpoint_every must be an integer >= 0"),
+    ("Llama(draft='mtp').load_state(a state saved without drafting)", _load_state_without_draft, ValueError,
+     r"this state has no MTP draft context"),
     ("Llama(workspace_mode='sometimes')", lambda e: _llama(e, draft="mtp", workspace_mode="sometimes"),
      ValueError, r"is not one of alias, private-meta, unsafe-shared, off"),
     ("Llama(workspace_mode='unsafe-shared') without allow_unsafe_workspace",

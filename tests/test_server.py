@@ -292,6 +292,20 @@ def test_a_reused_prompt_is_counted_in_cache_n(plain_server):
     assert t2["prompt_n"] < second.usage.prompt_tokens
 
 
+def test_a_chat_turn_reuses_the_history_on_the_hybrid_target(mtp_server, reference):
+    """qwen35 with draft-mtp: the next turn restores the state after the history (checkpoints)."""
+    client = mtp_server.client()
+    history = [{"role": "user", "content": PROMPT * 6}]
+    first = client.chat.completions.create(model="tiny-mtp", messages=history, max_tokens=8, temperature=0)
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "and then"}]
+    second = client.chat.completions.create(model="tiny-mtp", messages=history, max_tokens=8, temperature=0)
+    t = second.model_extra["timings"]
+    assert t["cache_n"] >= first.usage.prompt_tokens // 2, t
+    assert t["cache_n"] + t["prompt_n"] == second.usage.prompt_tokens
+    assert _chat(client).choices[0].message.content == reference["chat"]  # reuse changes no answer
+
+
 # --- bad requests: a 4xx in OpenAI's shape, and the next request works -----------------------
 
 
