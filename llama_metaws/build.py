@@ -15,6 +15,10 @@ the compiler's version. An unchanged series finds its directory and returns at o
 patch gets a new key and a fresh build. The shim has a key of its own (the library key plus the
 shim's sources), so editing a declaration rebuilds the shim only.
 
+``llama-metaws build --tools`` also builds llama.cpp's own ``llama-speculative-simple`` and
+``llama-bench`` from the same patched tree, into ``<cache>/tools/<key>/bin`` (a key of its own:
+the library inputs plus the tool targets); :func:`find_tools` finds them.
+
 Only ``BuildError`` leaves this module on a failure; its message names the step, and for a
 patch that does not apply, the patch and the file and hunk git reported.
 """
@@ -419,6 +423,112 @@ def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *,
     return Build(final)
 
 
+# --------------------------------------------------------------------------------------------
+# llama.cpp's own tools, from the same patched tree (``llama-metaws build --tools``)
+
+#: The executables ``build --tools`` makes (only these targets are built).
+TOOL_TARGETS = ("llama-speculative-simple", "llama-bench")
+#: Bump when the tools' steps change in a way that changes what they produce.
+TOOLS_RECIPE_VERSION = 1
+# After BASE_CMAKE_ARGS (a later -D wins): the common library, the tools and examples that hold
+# the two targets, and an rpath of $ORIGIN in the build tree (executables and shared libraries
+# both land in bin/, which is kept as it is).
+TOOLS_CMAKE_ARGS = (
+    "-DLLAMA_BUILD_COMMON=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_EXAMPLES=ON",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+)
+
+
+def tools_key(inputs: BuildInputs) -> str:
+    """The library inputs plus the tool targets and their CMake arguments."""
+    doc = json.dumps(dict(dataclasses.asdict(inputs), tools=list(TOOL_TARGETS),
+                          tools_cmake_args=list(TOOLS_CMAKE_ARGS), tools_recipe=TOOLS_RECIPE_VERSION),
+                     sort_keys=True).encode()
+    return _sha256_bytes(doc)[:20]
+
+
+def tools_dir_for(inputs: BuildInputs) -> Path:
+    return cache_root() / "tools" / tools_key(inputs)
+
+
+def find_tools(inputs: Optional[BuildInputs] = None) -> Optional[dict]:
+    """``{target: path}`` of the tools built for these inputs (the current ones), or None."""
+    inputs = inputs or BuildInputs.collect()
+    root = tools_dir_for(inputs)
+    if not (root / "tools.json").is_file():
+        return None
+    found = {name: root / "bin" / name for name in TOOL_TARGETS}
+    return found if all(p.is_file() for p in found.values()) else None
+
+
+def build_tools(inputs: BuildInputs, progress: Progress = _stderr_progress, *, force: bool = False) -> dict:
+    """Fetch, unpack, patch, configure and build only :data:`TOOL_TARGETS`; cached by
+    :func:`tools_key` in ``<cache>/tools/<key>/bin`` (the executables and the shared libraries
+    they load through their ``$ORIGIN`` rpath). Returns ``{target: path}``.
+
+    The steps and the work-directory layout are the library build's, so with ccache the
+    objects both builds share (ggml, llama) are cache hits.
+    """
+    key = tools_key(inputs)
+    final = tools_dir_for(inputs)
+    found = find_tools(inputs)
+    if found is not None and not force:
+        progress(f"llama-metaws: tools {key} are up to date ({final})")
+        return found
+
+    patches = read_series(source_root() / "patches")
+    n = len(STEPS)
+    t0 = time.monotonic()
+
+    def step(i: int, text: str) -> None:
+        progress(f"[{i}/{n}] tools {STEPS[i - 1]}: {text}")
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=final.parent))
+    try:
+        step(1, f"{SDIST_PROJECT} {SDIST_VERSION} sdist")
+        sdist = fetch_sdist(cache_root() / "downloads", progress)
+        step(2, "vendored llama.cpp")
+        src = work / "src"
+        unpack_vendored(sdist, src)
+        step(3, f"{len(patches)} patch(es) from patches/series")
+        apply_patches(src, patches, progress)
+
+        env = dict(os.environ, CCACHE_BASEDIR=str(work), CCACHE_NOHASHDIR="1")
+        step(4, "cmake " + " ".join((*TOOLS_CMAKE_ARGS, *inputs.cmake_args)))
+        bdir = work / "cmake-build"
+        cmd = [_cmake(), "-S", str(src), "-B", str(bdir), *_generator_args(), *BASE_CMAKE_ARGS,
+               *TOOLS_CMAKE_ARGS, f"-DCMAKE_INSTALL_PREFIX={work}", *inputs.cmake_args]
+        _run_streamed(cmd, None, lambda line: None, "tools configure step: cmake", env)
+
+        step(5, f"compiling {', '.join(TOOL_TARGETS)} with {os.cpu_count()} jobs")
+        _run_streamed([_cmake(), "--build", str(bdir), "--parallel", str(os.cpu_count() or 1),
+                       "--target", *TOOL_TARGETS],
+                      None, _ninja_progress(progress), "tools build step: cmake --build", env)
+
+        step(6, f"executables and their libraries into {final / 'bin'}")
+        os.replace(bdir / "bin", work / "bin")
+        shutil.rmtree(bdir)
+        shutil.rmtree(src)  # the library build keeps the patched tree; the tools need only bin/
+        manifest = dict(dataclasses.asdict(inputs), key=key, tools=list(TOOL_TARGETS),
+                        tools_cmake_args=list(TOOLS_CMAKE_ARGS),
+                        seconds=round(time.monotonic() - t0, 1))
+        (work / "tools.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(work, final)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    progress(f"llama-metaws: built tools {key} in {time.monotonic() - t0:.0f} s ({final})")
+    found = find_tools(inputs)
+    if found is None:
+        raise BuildError(f"tools step: {', '.join(TOOL_TARGETS)} missing from {final / 'bin'}")
+    return found
+
+
 def sanitizer_flags(cmake_args: Sequence[str]) -> tuple:
     """The ``-fsanitize`` flags a build's CMake arguments ask for (the shim must match)."""
     flags = []
@@ -489,11 +599,15 @@ def source_fingerprint(root: Optional[Path] = None) -> dict:
     }
 
 
-def write_manifest(b: Build, inputs: BuildInputs, path: Optional[Path] = None) -> Path:
+def write_manifest(b: Build, inputs: BuildInputs, path: Optional[Path] = None,
+                   tools: Optional[dict] = None) -> Path:
+    """Record the build (and, when known, the tools: ``{"tools": {target: path}}``)."""
     path = path or manifest_path()
     doc = dict(version=MANIFEST_VERSION, key=inputs.key(), build=str(b.root),
                shim=str(b.shim) if b.shim else None, cmake_args=list(inputs.cmake_args),
                compiler=inputs.compiler, **source_fingerprint())
+    if tools:
+        doc["tools"] = {name: str(p) for name, p in tools.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
@@ -528,10 +642,15 @@ def read_manifest(path: Optional[Path] = None) -> Build:
     return Build(root, shim)
 
 
-def build(progress: Progress = _stderr_progress, *, force: bool = False) -> Build:
-    """Library and shim for the current inputs, and the manifest: what ``llama-metaws build`` runs."""
+def build(progress: Progress = _stderr_progress, *, force: bool = False, tools: bool = False) -> Build:
+    """Library and shim for the current inputs, and the manifest: what ``llama-metaws build`` runs.
+
+    ``tools=True`` (``--tools``) also builds :data:`TOOL_TARGETS` (:func:`build_tools`); tools
+    already built for these inputs are recorded in the manifest either way.
+    """
     inputs = BuildInputs.collect()
     b = build_library(inputs, progress, force=force)
     b = Build(b.root, build_shim(b, progress))
-    progress(f"llama-metaws: manifest {write_manifest(b, inputs)}")
+    found = build_tools(inputs, progress, force=force) if tools else find_tools(inputs)
+    progress(f"llama-metaws: manifest {write_manifest(b, inputs, tools=found)}")
     return b
