@@ -20,9 +20,10 @@ SANITIZE_ENV := $(SANITIZE_MANIFEST) \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	GGML_NO_BACKTRACE=1
-SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py
+SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py \
+	tests/test_memory_pressure.py tests/test_sweep.py
 
-.PHONY: setup build demo test bench sanitize clean-build
+.PHONY: setup build demo test bench sanitize clean-build gpu-kit gpu-kit-dry-run
 
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +53,14 @@ bench: setup
 sanitize: $(VENV)/.deps
 	CMAKE_ARGS="$(SANITIZE_CMAKE_ARGS)" $(SANITIZE_MANIFEST) $(VENV)/bin/llama-metaws build
 	$(SANITIZE_ENV) $(PY) -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS)
+
+# The GPU run kit (README.md, "The GPU run kit"): made here, run offline on an NVIDIA machine.
+gpu-kit: $(VENV)/.deps
+	$(VENV)/bin/llama-metaws gpu-kit --out build/gpu-kit
+
+# The kit's run.sh --cpu into a fresh venv with no network: proves the kit self-contained.
+gpu-kit-dry-run: $(VENV)/.deps
+	$(VENV)/bin/llama-metaws gpu-kit --out build/gpu-kit-dry --dry-run
 
 clean-build:
 	rm -rf "$${LLAMA_METAWS_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/llama-metaws}/builds"

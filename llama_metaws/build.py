@@ -11,7 +11,14 @@ Steps (``llama-metaws build``):
 
 The result lives in ``<cache>/builds/<key>``, where the key hashes every input that changes
 the output: the sdist hash, the content of each patch in the series, the CMake arguments and
-the compiler's version. An unchanged series finds its directory and returns at once; a changed
+the compiler's version.
+
+A pre-patched source (``LLAMA_METAWS_LLAMA_SOURCE=DIR``, as the GPU run kit carries it: see
+``llama_metaws.gpukit``) replaces steps 1-3 on a machine that cannot fetch the sdist. Its
+``lmws-source.json`` names the sdist hash, the patches it holds and the hash of the tree; the
+patches must be those of the current series, and the tree's hash joins the key (a trimmed tree
+is another input than the whole sdist, so it gets a key of its own) and is checked before the
+build. An unchanged series finds its directory and returns at once; a changed
 patch gets a new key and a fresh build. The shim has a key of its own (the library key plus the
 shim's sources), so editing a declaration rebuilds the shim only.
 
@@ -65,6 +72,10 @@ BASE_CMAKE_ARGS = (
 )
 
 STEPS = ("fetch", "unpack", "patch", "configure", "build", "install")
+
+# A pre-patched llama.cpp tree to build instead of fetching the sdist (the GPU run kit's).
+PATCHED_SOURCE_ENV = "LLAMA_METAWS_LLAMA_SOURCE"
+SOURCE_MANIFEST = "lmws-source.json"
 
 Progress = Callable[[str], None]
 
@@ -158,6 +169,8 @@ class BuildInputs:
     cmake_args: tuple
     compiler: str
     recipe: int = RECIPE_VERSION
+    # "" for the sdist; "pre-patched:<tree sha256>" for a pre-patched source (PATCHED_SOURCE_ENV)
+    source: str = ""
 
     @classmethod
     def collect(
@@ -169,16 +182,73 @@ class BuildInputs:
         patches_dir = patches_dir or source_root() / "patches"
         if cmake_args is None:
             cmake_args = shlex.split(os.environ.get("CMAKE_ARGS", ""))
+        patches = tuple((p.name, _sha256_bytes(p.read_bytes())) for p in read_series(patches_dir))
+        source = ""
+        pre = patched_source_dir()
+        if pre is not None:
+            source = "pre-patched:" + read_source_manifest(pre, patches)["tree_sha256"]
         return cls(
             sdist_sha256=SDIST_SHA256,
-            patches=tuple((p.name, _sha256_bytes(p.read_bytes())) for p in read_series(patches_dir)),
+            patches=patches,
             cmake_args=tuple(cmake_args),
             compiler=compiler if compiler is not None else compiler_identity(),
+            source=source,
         )
 
     def key(self) -> str:
-        doc = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
-        return _sha256_bytes(doc)[:20]
+        doc = dataclasses.asdict(self)
+        if not doc["source"]:  # the sdist: the key it always had
+            del doc["source"]
+        return _sha256_bytes(json.dumps(doc, sort_keys=True).encode())[:20]
+
+
+# --------------------------------------------------------------------------------------------
+# A pre-patched source
+
+
+def patched_source_dir() -> Optional[Path]:
+    """``LLAMA_METAWS_LLAMA_SOURCE``: a pre-patched llama.cpp tree to build, or None (the sdist)."""
+    env = os.environ.get(PATCHED_SOURCE_ENV)
+    return Path(env) if env else None
+
+
+def tree_sha256(root: Path) -> str:
+    """One hash over every file's relative path and content (the manifest itself left out)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(root).as_posix()
+        if rel == SOURCE_MANIFEST:
+            continue
+        h.update(rel.encode() + b"\0")
+        h.update(os.readlink(path).encode() if path.is_symlink() else _sha256_file(path).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def write_source_manifest(root: Path, patches: Sequence[Path], **extra) -> dict:
+    """Record what a pre-patched tree holds: the sdist, the patches applied, the tree's hash."""
+    doc = dict(sdist=SDIST_FILENAME, sdist_sha256=SDIST_SHA256,
+               patches=[[p.name, _sha256_bytes(p.read_bytes())] for p in patches],
+               tree_sha256=tree_sha256(root), **extra)
+    (root / SOURCE_MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def read_source_manifest(root: Path, patches: Sequence[Sequence[str]]) -> dict:
+    """The manifest of a pre-patched tree, checked against the sdist and the current series."""
+    path = root / SOURCE_MANIFEST
+    if not path.is_file():
+        raise BuildError(f"{PATCHED_SOURCE_ENV}={root}: no {SOURCE_MANIFEST} there "
+                         "(make the tree with `llama-metaws gpu-kit`)")
+    doc = json.loads(path.read_text())
+    if doc.get("sdist_sha256") != SDIST_SHA256:
+        raise BuildError(f"{PATCHED_SOURCE_ENV}={root} was made from another sdist "
+                         f"({doc.get('sdist_sha256')}, expected {SDIST_SHA256})")
+    held = [tuple(x) for x in doc.get("patches", [])]
+    if held != [tuple(x) for x in patches]:
+        raise BuildError(f"{PATCHED_SOURCE_ENV}={root} holds other patches than patches/series "
+                         f"({', '.join(n for n, _ in held) or 'none'}): make the kit again")
+    return doc
 
 
 def shim_key(lib_key: str, native_dir: Path) -> str:
@@ -366,6 +436,32 @@ def _generator_args() -> List[str]:
     return ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"] if ninja else []
 
 
+def _prepare_source(inputs: BuildInputs, src: Path, patches: List[Path], step: Callable[[int, str], None],
+                    progress: Progress) -> None:
+    """Steps 1-3 into ``src``: fetch, unpack and patch, or copy the pre-patched source."""
+    pre = patched_source_dir() if inputs.source else None
+    if inputs.source and pre is None:
+        raise BuildError(f"these inputs name a pre-patched source, but {PATCHED_SOURCE_ENV} is not set")
+    if pre is not None:
+        step(1, f"none: pre-patched source {pre} ({PATCHED_SOURCE_ENV})")
+        step(2, f"copying {pre}")
+        shutil.copytree(pre, src, symlinks=True)
+        got = "pre-patched:" + tree_sha256(src)
+        if got != inputs.source:
+            raise BuildError(f"unpack step: {pre} does not hash to what its {SOURCE_MANIFEST} "
+                             f"says ({got} != {inputs.source}): it was changed since it was made")
+        step(3, f"{len(patches)} patch(es) already applied (checked against patches/series)")
+    else:
+        step(1, f"{SDIST_PROJECT} {SDIST_VERSION} sdist")
+        sdist = fetch_sdist(cache_root() / "downloads", progress)
+
+        step(2, "vendored llama.cpp")
+        unpack_vendored(sdist, src)
+
+        step(3, f"{len(patches)} patch(es) from patches/series")
+        apply_patches(src, patches, progress)
+
+
 def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *, force: bool = False) -> Build:
     """Run the six steps for these inputs, or return the cached build at once."""
     final = build_dir_for(inputs)
@@ -383,15 +479,8 @@ def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *,
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=final.parent))
     try:
-        step(1, f"{SDIST_PROJECT} {SDIST_VERSION} sdist")
-        sdist = fetch_sdist(cache_root() / "downloads", progress)
-
-        step(2, "vendored llama.cpp")
         src = work / "src"
-        unpack_vendored(sdist, src)
-
-        step(3, f"{len(patches)} patch(es) from patches/series")
-        apply_patches(src, patches, progress)
+        _prepare_source(inputs, src, patches, step, progress)
 
         # llama.cpp's CMake uses ccache when it is installed; relative paths under the work
         # directory let a changed series reuse every object its patches did not touch.
@@ -488,13 +577,8 @@ def build_tools(inputs: BuildInputs, progress: Progress = _stderr_progress, *, f
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=final.parent))
     try:
-        step(1, f"{SDIST_PROJECT} {SDIST_VERSION} sdist")
-        sdist = fetch_sdist(cache_root() / "downloads", progress)
-        step(2, "vendored llama.cpp")
         src = work / "src"
-        unpack_vendored(sdist, src)
-        step(3, f"{len(patches)} patch(es) from patches/series")
-        apply_patches(src, patches, progress)
+        _prepare_source(inputs, src, patches, step, progress)
 
         env = dict(os.environ, CCACHE_BASEDIR=str(work), CCACHE_NOHASHDIR="1")
         step(4, "cmake " + " ".join((*TOOLS_CMAKE_ARGS, *inputs.cmake_args)))

@@ -1,4 +1,4 @@
-"""``llama-metaws``: build the patched llama.cpp, list devices, run the demo, plan memory."""
+"""``llama-metaws``: build the patched llama.cpp, list devices, run the demo, plan memory, make the GPU run kit."""
 
 from __future__ import annotations
 
@@ -91,6 +91,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return plan.run_from_args(args)
 
 
+def _cmd_gpu_kit(args: argparse.Namespace) -> int:
+    from . import gpukit
+
+    return gpukit.run_from_args(args)
+
+
 def _cmd_repro(args: argparse.Namespace) -> int:
     import json
 
@@ -98,7 +104,8 @@ def _cmd_repro(args: argparse.Namespace) -> int:
 
     levels = [args.level] if args.level else list(LEVELS)
     modes = [args.mode] if args.mode else list(MODES)
-    records = run_cases(levels, modes, model_path=args.model,
+    devices = [d.strip() for d in args.device.split(",") if d.strip()] if args.device else None
+    records = run_cases(levels, modes, model_path=args.model, devices=devices,
                         progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(records, indent=2))
@@ -183,13 +190,15 @@ def make_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("repro", help="reproduce GGML_ASSERT(tensor) of a shared meta buffer, and the fix",
                        description="Run each case in its own subprocess: the ggml level (a two-device "
                        "CPU meta backend, owner/borrower/owner in one shared buffer) and the llama level "
-                       "(the tiny MTP model under tensor split over CPU,CPU with the workspace and MTP "
+                       "(the tiny MTP model under tensor split over CPU,CPU, or --device, with the workspace and MTP "
                        "drafting), for the modes unsafe-shared (expected to abort with "
                        "GGML_ASSERT(tensor)), private-meta and alias (expected to pass). Exit status 0 "
                        "when every case behaved as expected.")
     r.add_argument("--level", choices=["ggml", "llama"], help="only this level")
     r.add_argument("--mode", choices=["unsafe-shared", "private-meta", "alias"], help="only this mode")
     r.add_argument("-m", "--model", help="GGUF model with nextn layers for the llama level (default: tiny)")
+    r.add_argument("-dev", "--device", help="the llama level's tensor split, e.g. CUDA0,CUDA0 (default: "
+                   "LLAMA_METAWS_TEST_DEVICES cycled to two, else CPU,CPU)")
     r.add_argument("--json", action="store_true",
                    help="print a JSON list of {level, mode, result, message} instead of lines")
     r.set_defaults(func=_cmd_repro)
@@ -214,6 +223,17 @@ def make_parser() -> argparse.ArgumentParser:
 
     _plan_arguments(pl)
     pl.set_defaults(func=_cmd_plan)
+    gk = sub.add_parser("gpu-kit", allow_abbrev=False,
+                        help="prepare here the folder a machine with an NVIDIA GPU and no network runs",
+                        description="Write the GPU run kit: the patched llama.cpp trimmed for a CPU+CUDA "
+                        "build, CPython 3.12 manylinux wheels of every dependency and of llama-metaws, the "
+                        "tiny models and run.sh (install offline, build for CUDA sm_90, the CUDA subset of "
+                        "the suite, llama-metaws vram --nvidia; results under $OUT). --dry-run then runs "
+                        "run.sh --cpu from the kit alone, with no network, into a fresh venv.")
+    from .gpukit import add_arguments as _gpukit_arguments
+
+    _gpukit_arguments(gk)
+    gk.set_defaults(func=_cmd_gpu_kit)
 
     g = sub.add_parser("generate", allow_abbrev=False,
                        help="generate text with llama.cpp's flags (MTP drafting, tensor split, workspace)",
@@ -230,12 +250,14 @@ def make_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_cmd_generate)
 
     sv = sub.add_parser("serve", allow_abbrev=False,
-                        help="llama-cpp-python's OpenAI-compatible server on the patched Llama",
-                        description="Start llama-cpp-python's OpenAI-compatible server (the server extra) "
-                        "with the patched Llama, configured by llama.cpp's flags.")
+                        help="an OpenAI-compatible server on the patched Llama (llama-server's flags)",
+                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and "
+                        "(--metrics) /metrics with the patched Llama, configured by llama-server's flags, "
+                        "e.g. -m MODEL --device CPU,CPU -sm tensor --spec-type draft-mtp "
+                        "--phase-aware-workspace --port 8080. One request runs at a time (-np sizes the "
+                        "contexts); others wait, up to --queue-size. Needs the server extra.")
     flags.add_model_flags(sv)
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
+    flags.add_server_flags(sv)
     sv.set_defaults(func=_cmd_serve)
     return p
 

@@ -30,7 +30,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="layers on the devices (default: all when --device is given, else 0)")
     p.add_argument("--spec-type", default="none", choices=["none", "draft-mtp"],
                    help="speculative decoding: draft-mtp drafts with the model's own MTP layers")
-    p.add_argument("--draft-max", "--draft", "--draft-n", dest="draft_max", type=int, default=3)
+    p.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="draft_max", type=int,
+                   default=3, help="tokens drafted per step at most (default 3)")
     p.add_argument("--draft-p-min", type=float, default=0.0)
     p.add_argument("--phase-aware-workspace", action="store_true",
                    help="share the target's and the draft's compute buffers (needs --spec-type draft-mtp)")
@@ -42,11 +43,25 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("--no-mmap", action="store_true")
     p.add_argument("-s", "--seed", type=int, default=-1)
+    p.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default="auto",
+                   help="flash attention: on, off, or auto (default): on under -sm tensor, which needs "
+                   "it, else the binding's default (off)")
     p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
 
 
+def add_server_flags(p: argparse.ArgumentParser) -> None:
+    """llama-server's own flags (``serve``), and the queue limit."""
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("-a", "--alias", help="the model's name in the API (default: the file's name)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at GET /metrics")
+    p.add_argument("--queue-size", type=int, default=16,
+                   help="requests that may wait while one runs (default 16); one more gets a 503")
+
+
 def llama_kwargs(args: argparse.Namespace) -> dict:
-    """Our Llama's keyword arguments from llama.cpp's flags."""
+    """Our Llama's keyword arguments from llama.cpp's flags; a ValueError for flags that conflict."""
     kw = dict(
         n_ctx=args.ctx_size, n_batch=min(args.batch_size, args.ctx_size),
         n_ubatch=min(args.ubatch_size, args.batch_size, args.ctx_size),
@@ -58,6 +73,13 @@ def llama_kwargs(args: argparse.Namespace) -> dict:
         workspace_mode=args.workspace_mode if args.phase_aware_workspace else "off",
         allow_unsafe_workspace=args.workspace_mode == "unsafe-shared",
     )
+    fa = getattr(args, "flash_attn", "auto")
+    if fa == "on":
+        kw["flash_attn"] = True
+    elif fa == "off":
+        if args.split_mode == "tensor":
+            raise ValueError("-fa off: -sm tensor needs flash attention; use -fa on or -fa auto")
+        kw["flash_attn"] = False
     if args.device:
         kw["devices"] = [d.strip() for d in args.device.split(",") if d.strip()]
     if args.n_gpu_layers is not None:

@@ -42,7 +42,7 @@ from .params import check_fields, set_fields
 from .workspace import MODES as WORKSPACE_MODES
 from .workspace import Workspace
 
-__all__ = ["Llama", "MTPDraftModel", "DraftStatsReport"]
+__all__ = ["Llama", "MTPDraftModel", "DraftStatsReport", "RequestGuard"]
 
 DRAFT_KINDS = ("mtp",)
 
@@ -60,6 +60,90 @@ def _gguf_nextn_layers(path: str) -> tuple:
     arch = arch_field.contents()
     field = reader.get_field(f"{arch}.nextn_predict_layers")
     return arch, int(field.contents()) if field is not None else 0
+
+
+class RequestGuard:
+    """One request at a time on an instance, whichever threads run it.
+
+    A plain ``threading.Lock``, owned by no thread: a request takes it when it starts and gives
+    it back when it ends, on whatever thread that happens (a server advances a stream on any
+    free worker thread, and a dropped stream is closed or garbage-collected on any thread). The
+    ticket :meth:`acquire` returns is the request's; :meth:`release` with a stale ticket does
+    nothing, so a request cannot free another's hold. While a thread runs a step of the request
+    (:meth:`running`) it is marked with the ticket, so an :meth:`hold` from inside that step
+    (``generate`` calling ``eval``) goes on without waiting for itself.
+
+    A request waits for the one before it to end, whoever ends it: a thread that starts a second
+    request while a stream it holds is still open waits until that stream is finished, closed or
+    dropped elsewhere, so finish or close a stream before starting another on the same thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ticket: Optional[object] = None
+        self._local = threading.local()
+
+    def acquire(self, timeout: float = -1) -> Optional[object]:
+        """Wait for the instance (``timeout`` seconds; -1: no limit); the ticket, or None."""
+        if not self._lock.acquire(timeout=timeout):
+            return None
+        ticket = self._ticket = object()
+        return ticket
+
+    def release(self, ticket: Optional[object]) -> None:
+        """Give the instance back, if ``ticket`` still holds it."""
+        if ticket is not None and self._ticket is ticket:
+            self._ticket = None
+            self._lock.release()
+
+    @property
+    def busy(self) -> bool:
+        """A request holds the instance."""
+        return self._lock.locked()
+
+    def inside(self) -> bool:
+        """This thread is running a step of the request that holds the instance."""
+        ticket = getattr(self._local, "ticket", None)
+        return ticket is not None and ticket is self._ticket
+
+    @contextlib.contextmanager
+    def running(self, ticket: object):
+        """Mark this thread as running a step of the request ``ticket``."""
+        previous = getattr(self._local, "ticket", None)
+        self._local.ticket = ticket
+        try:
+            yield
+        finally:
+            self._local.ticket = previous
+
+    @contextlib.contextmanager
+    def hold(self):
+        """Hold the instance for a block, unless this thread already runs the holding request."""
+        if self.inside():
+            yield
+            return
+        ticket = self.acquire()
+        try:
+            with self.running(ticket):
+                yield
+        finally:
+            self.release(ticket)
+
+
+def _timings(n_prompt: int, cache_n: int, prompt_n: int, predicted_n: int, prompt_s: float,
+             predicted_s: float) -> dict:
+    n_after_first = max(predicted_n - 1, 0)
+    return {
+        "prompt_tokens": n_prompt,
+        "cache_n": cache_n,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_s * 1e3,
+        "prompt_tokens_per_s": prompt_n / prompt_s if prompt_n and prompt_s > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_s * 1e3,
+        "decode_tokens": n_after_first,
+        "decode_tokens_per_s": n_after_first / predicted_s if n_after_first and predicted_s > 0 else 0.0,
+    }
 
 
 class DraftStatsReport:
@@ -153,7 +237,9 @@ class MTPDraftModel(LlamaDraftModel):
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         d = self.drafter
         n_past = len(input_ids) - 1  # position of the last (sampled, not evaluated) token
-        self._settle(n_past)
+        # a rejected draft: the binding cut the target back to n_past; cut the draft context
+        # too (the verification batch left the target's row for n_past - 1) and draft again
+        self.sync(n_past)
         if n_past != self.fed or n_past < 1:
             return np.array([], dtype=np.intc)
         n_draft = min(d.draft_max, d.n_ctx - n_past - 1)
@@ -193,8 +279,9 @@ class Llama(llama_cpp.Llama):
     :meth:`timings`.
 
     Thread safety: one instance may be used from several threads, its requests are serialized
-    by a per-instance lock held by :meth:`generate` (from its first ``next`` until the generator
-    ends or is closed) and by :meth:`eval`, so a second thread waits for the first request.
+    by a per-instance :class:`RequestGuard` held by :meth:`generate` (from its first ``next``
+    until the generator ends, is closed or is garbage-collected, on whichever thread that
+    happens) and by :meth:`eval`, so a second thread waits for the first request.
     """
 
     def __init__(
@@ -215,14 +302,16 @@ class Llama(llama_cpp.Llama):
     ):
         # Serializes requests from several threads (see the class docstring): the target, the
         # draft context and their shared workspace must see one request at a time (two
-        # concurrent ones abort in ggml). Reentrant: generate() calls eval().
-        self._request_lock = threading.RLock()
+        # concurrent ones abort in ggml).
+        self._guard = RequestGuard()
+        self._request_counts = None  # [cache_n, prompt_n] of the request being generated
         self._mtp: Optional[MTPDraftModel] = None
         self._draft_ctx = None
         self._workspace: Optional[Workspace] = None
         self.draft_stats = DraftStatsReport()
-        self._timings = {"prompt_tokens": 0, "prompt_tokens_per_s": 0.0, "decode_tokens": 0,
-                         "decode_tokens_per_s": 0.0}
+        self._timings = _timings(0, 0, 0, 0, 0.0, 0.0)
+        self._in_request = False  # inside _generate_held
+        self._verifying = False   # the request's prompt is evaluated: every row is sampled now
 
         # arguments first: a clear ValueError before anything is loaded
         if draft is not None and draft not in DRAFT_KINDS:
@@ -299,6 +388,10 @@ class Llama(llama_cpp.Llama):
                                    f"{context_fields[name]} was asked for")
 
         if draft == "mtp":
+            # the binding turns logits_all on whenever a draft model is set: logits for every
+            # prompt token (n_tokens x n_vocab computed and copied). Drafting reads only what
+            # sampling reads (see _eval_drafting); logits_all and logprobs stay the user's choice
+            self._logits_all = bool(kwargs.get("logits_all", False))
             self._setup_mtp(draft_max, float(draft_p_min), phase_aware_workspace, workspace_mode,
                             allow_unsafe_workspace)
 
@@ -309,12 +402,11 @@ class Llama(llama_cpp.Llama):
     # ---------------------------------------------------------------------------------------
 
     def _setup_mtp(self, draft_max, p_min, phase_aware, mode, allow_unsafe) -> None:
-        cp = llama_cpp.llama_context_default_params()
+        # the draft context is the target's, as llama.cpp derives it: the same KV types, flash
+        # attention, offload, threads and sizes; an MTP context with no rollback snapshots
         tp = self.context_params
-        set_fields(cp, dict(n_ctx=tp.n_ctx, n_batch=tp.n_batch, n_ubatch=tp.n_ubatch,
-                            n_seq_max=tp.n_seq_max, n_threads=tp.n_threads,
-                            n_threads_batch=tp.n_threads_batch,
-                            ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0))
+        cp = type(tp).from_buffer_copy(tp)
+        set_fields(cp, dict(ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0))
         self._draft_ctx = self._stack.enter_context(contextlib.closing(
             _internals.LlamaContext(model=self._model, params=cp, verbose=self.verbose)))
         drafter = MTPDrafter(self._ctx, self._draft_ctx, draft_max=draft_max, p_min=p_min)
@@ -330,43 +422,76 @@ class Llama(llama_cpp.Llama):
 
     def eval(self, tokens: Sequence[int]):
         """Evaluate tokens on the target; with MTP drafting, feed the draft context too."""
-        with self._request_lock:  # one request at a time (see the class docstring)
+        with self._guard.hold():  # one request at a time (see the class docstring)
+            counts = self._request_counts
+            if counts is not None and counts[0] is None:
+                # the request's first evaluation: what the binding kept of the last prompt
+                counts[0], counts[1] = self.n_tokens, len(tokens)
             return self._eval_locked(tokens)
 
     def _eval_locked(self, tokens: Sequence[int]):
         if self._mtp is None:
             return super().eval(tokens)
+        return self._eval_drafting(tokens)
+
+    def _eval_drafting(self, tokens: Sequence[int]) -> None:
+        """The target decodes ``tokens``; the draft context follows it.
+
+        Logits are asked for where the binding's sampling reads them and nowhere else (unless
+        ``logits_all``): the last token of a request's prompt (or of a plain ``eval``), every
+        position of the evaluations after it in the same request (the sampled token and its
+        drafts). No logits are copied: the sampler reads llama.cpp's own rows.
+        """
         self._mtp.sync(self.n_tokens)
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
+        # after a request's prompt, each evaluation is [sampled token, drafts...] (or what a
+        # caller sent into the generator), every position of which the binding samples
+        every_row = self._logits_all or self._verifying
+        self._verifying = self._in_request
         for start in range(0, len(tokens), self.n_batch):
             chunk = list(tokens[start : start + self.n_batch])
             n_past, n = self.n_tokens, len(chunk)
-            self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=self._logits_all)
+            # the binding's batch: the last token gives logits, the others when every_row
+            self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=every_row)
             self._ctx.decode(self._batch)
             self.input_ids[n_past : n_past + n] = chunk
-            if self._logits_all:
-                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n, self._n_vocab))
-                rows = self.scores.shape[0]
-                if n_past + n <= rows:
-                    self.scores[n_past : n_past + n, :] = logits
-                else:
-                    # Without logits_all=True the binding keeps n_batch rows, yet drafting needs
-                    # every row of the last batch: keep a window whose last rows are that batch
-                    # (what generate() and the stop criteria read, counting from the end)
-                    self.scores[: rows - n, :] = self.scores[n:, :].copy()
-                    self.scores[rows - n :, :] = logits
+            if self._logits_all:  # the user asked for every row (logprobs): keep them, as the binding does
+                self.scores[n_past : n_past + n, :] = np.ctypeslib.as_array(
+                    self._ctx.get_logits(), shape=(n, self._n_vocab))
             self.n_tokens += n
             self._mtp.target_decoded(chunk, n_past)
         self._requires_eval = False
 
     def generate(self, tokens, *args, **kwargs):
-        """``llama_cpp.Llama.generate``, timed; the draft statistics of this request start at zero."""
-        # the lock is taken on the first next() and held until this generator ends or is closed
-        # (a generator dropped unfinished releases it when it is garbage-collected)
-        with self._request_lock:
-            yield from self._generate_locked(tokens, *args, **kwargs)
+        """``llama_cpp.Llama.generate``, timed; the draft statistics of this request start at zero.
 
-    def _generate_locked(self, tokens, *args, **kwargs):
+        The instance is held from the first ``next`` until the generator ends, is closed or is
+        garbage-collected, on whichever thread each of those happens (see :class:`RequestGuard`).
+        """
+        if self._guard.inside():
+            # called from inside the request being run (a logits processor, a chat handler's
+            # second completion): it already holds the instance
+            yield from self._generate_held(tokens, *args, **kwargs)
+            return
+        ticket = self._guard.acquire()
+        inner = self._generate_held(tokens, *args, **kwargs)
+        try:
+            with self._guard.running(ticket):
+                token = next(inner)
+            while True:
+                sent = yield token  # suspended: the instance stays held, no thread is marked
+                with self._guard.running(ticket):
+                    token = inner.send(sent)
+        except StopIteration:
+            pass
+        finally:
+            try:
+                with self._guard.running(ticket):
+                    inner.close()
+            finally:
+                self._guard.release(ticket)
+
+    def _generate_held(self, tokens, *args, **kwargs):
         self.draft_stats.last = DraftStats()
         if self._mtp is not None and (self._is_recurrent or self._is_hybrid) and kwargs.get("reset", True):
             # the binding would reuse a cached prompt prefix by removing the positions after it;
@@ -374,9 +499,11 @@ class Llama(llama_cpp.Llama):
             # succeed where it must not, so a recurrent target starts every request afresh
             self.reset()
         n_prompt = len(tokens)
+        counts = self._request_counts = [None, 0]
         t0 = time.perf_counter()
         t_first, n_out = None, 0
         inner = super().generate(tokens, *args, **kwargs)
+        self._in_request, self._verifying = True, False
         try:
             token = next(inner)
             while True:
@@ -389,13 +516,12 @@ class Llama(llama_cpp.Llama):
             pass
         finally:
             inner.close()
+            self._in_request = self._verifying = False
             t_end = time.perf_counter()
-            self._timings = {
-                "prompt_tokens": n_prompt,
-                "prompt_tokens_per_s": n_prompt / (t_first - t0) if t_first and t_first > t0 else 0.0,
-                "decode_tokens": max(n_out - 1, 0),
-                "decode_tokens_per_s": (n_out - 1) / (t_end - t_first) if t_first and n_out > 1 and t_end > t_first else 0.0,
-            }
+            self._request_counts = None
+            cache_n = counts[0] or 0
+            self._timings = _timings(n_prompt, cache_n, counts[1], n_out,
+                                     (t_first or t_end) - t0, t_end - t_first if t_first else 0.0)
             if self._mtp is not None:
                 self._mtp.discard_open_draft()
 
@@ -406,8 +532,14 @@ class Llama(llama_cpp.Llama):
         return self._workspace.stats()
 
     def timings(self) -> dict:
-        """The last request's prompt and decode speed: ``prompt_tokens``, ``prompt_tokens_per_s``
-        (until the first token), ``decode_tokens``, ``decode_tokens_per_s`` (the tokens after it)."""
+        """The last request's prompt and decode figures.
+
+        ``prompt_tokens`` (the whole prompt), ``cache_n`` (of those, kept from the last request:
+        not evaluated again), ``prompt_n`` (evaluated), ``prompt_ms`` and ``prompt_tokens_per_s``
+        (until the first token), ``predicted_n`` (tokens sampled, the first included),
+        ``predicted_ms`` (from the first token to the end), ``decode_tokens`` and
+        ``decode_tokens_per_s`` (the tokens after the first one, over ``predicted_ms``).
+        """
         return dict(self._timings)
 
     def __enter__(self) -> "Llama":

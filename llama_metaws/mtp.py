@@ -127,8 +127,8 @@ class MTPDrafter:
     object), with an ``n_batch`` at least ``draft_max + 1``.
 
     ``draft_max``: at most this many draft tokens per verification step. ``p_min``: drafting
-    stops at the first draft token whose softmax probability (over the whole vocabulary) is
-    below ``p_min``. Both contexts are switched to NextN output here; ``seq_id`` is the
+    stops at the first draft token whose probability is below ``p_min``, with llama.cpp's
+    meaning (``--draft-p-min``): a softmax over the head's 10 best candidates. Both contexts are switched to NextN output here; ``seq_id`` is the
     sequence both use.
     """
 
@@ -450,6 +450,13 @@ def _ctx_type(ctx: _internals.LlamaContext) -> Optional[int]:
     return None if params is None else int(getattr(params, "ctx_type", 0))
 
 
+P_MIN_TOP_K = 10  # llama.cpp's draft sampler: top-k 10, then a softmax over those
+
+
 def _top_probability(logits: np.ndarray) -> float:
-    x = logits.astype(np.float64)
-    return float(1.0 / np.exp(x - x.max()).sum())
+    """The top candidate's probability as llama.cpp's draft-mtp measures it for ``p_min``:
+    a softmax over the 10 largest logits (its draft sampler is ``top_k(10)``), not over the
+    whole vocabulary; one partial sort, no copy of the row in float64."""
+    k = min(P_MIN_TOP_K, logits.shape[0])
+    top = np.partition(logits, logits.shape[0] - k)[-k:].astype(np.float64)
+    return float(1.0 / np.exp(top - top.max()).sum())

@@ -44,6 +44,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from .errors import PlanError
 from .hf_config import WEIGHT_TYPES, write_gguf_from_hf_config
+from .params import set_fields
 from .vram.probe import device_keys
 
 __all__ = ["Plan", "DevicePlan", "PlanError", "plan", "format_plan", "write_gguf_from_hf_config",
@@ -221,17 +222,15 @@ def _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatc
     from .devices import DeviceList
 
     mp = llama_cpp.llama_model_default_params()
-    mp.no_alloc = True  # metadata only: the allocators report sizes and allocate nothing
-    mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
-    mp.load_mtp = bool(mtp)
-    mp.split_mode = split
     device_list = DeviceList(names)
-    mp.devices = device_list.pointer
-    mp.n_gpu_layers = 999
+    # no_alloc: metadata only, the allocators report sizes and allocate nothing
+    fields = dict(no_alloc=True, load_mode=llama_cpp.LLAMA_LOAD_MODE_NONE, load_mtp=bool(mtp), split_mode=split,
+                  devices=device_list.pointer, n_gpu_layers=999)
     ts = None
     if tensor_split:
         ts = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)
-        mp.tensor_split = ts
+        fields["tensor_split"] = ts
+    set_fields(mp, fields)
     model = llama_cpp.llama_model_load_from_file(os.fspath(path).encode(), mp)
     if not model:
         raise PlanError(f"plan: llama.cpp could not load {path} (run with verbose=True / -v for its log)")
@@ -245,15 +244,18 @@ def _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatc
             raise PlanError(f"plan: --spec-type draft-mtp needs NextN (MTP) layers; {path} has none")
         n_b = min(n_batch, n_ctx)
 
-        def params(draft: bool, ctx_size: int):
+        def target_params(ctx_size: int):
             cp = llama_cpp.llama_context_default_params()
-            cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = ctx_size, n_b, min(n_ubatch, n_b), n_seq_max
-            cp.type_k, cp.type_v, cp.offload_kqv = type_k, type_v, not no_kv_offload
-            if draft:
-                cp.ctx_type, cp.n_rs_seq = llama_cpp.LLAMA_CONTEXT_TYPE_MTP, 0
-            else:
-                cp.n_rs_seq = draft_max if mtp else 0
-                cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if tensor else fa
+            set_fields(cp, dict(n_ctx=ctx_size, n_batch=n_b, n_ubatch=min(n_ubatch, n_b), n_seq_max=n_seq_max,
+                                type_k=type_k, type_v=type_v, offload_kqv=not no_kv_offload,
+                                n_rs_seq=draft_max if mtp else 0,
+                                flash_attn_type=llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if tensor else fa))
+            return cp
+
+        def draft_params(target_cp):
+            # as Llama derives it: the target's params, an MTP context without rollback snapshots
+            cp = type(target_cp).from_buffer_copy(target_cp)
+            set_fields(cp, dict(ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0))
             return cp
 
         def make(cp):
@@ -263,18 +265,19 @@ def _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatc
             contexts.append(ctx)
             return ctx
 
-        target = make(params(False, n_ctx))
+        tcp = target_params(n_ctx)
+        target = make(tcp)
         t = _breakdown(target)
         real_ctx = int(llama_cpp.llama_n_ctx(target))
         d = {}
         if mtp:
-            d = _breakdown(make(params(True, real_ctx)))
+            d = _breakdown(make(draft_params(tcp)))
         # KV cells scale with n_ctx, the recurrent state does not: a second target context of
         # twice the cells separates them (llama.cpp reports both as the context's memory; with
         # no_alloc the KV costs nothing, the recurrent state is allocated for real)
         llama_cpp.llama_free(contexts.pop(0))
         recurrent: Dict[int, int] = {}
-        big_ctx = make(params(False, 2 * real_ctx))
+        big_ctx = make(target_params(2 * real_ctx))
         big = _breakdown(big_ctx)
         n_big = int(llama_cpp.llama_n_ctx(big_ctx))
         for key, e in t.items():

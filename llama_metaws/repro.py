@@ -4,7 +4,8 @@ Each case runs in its own subprocess (an abort is the expected outcome of some):
 
 - ``ggml`` level, a two-device CPU meta backend: the owner computes; the borrower allocates and
   computes in the same shared buffer; the owner computes again on its reused graph.
-- ``llama`` level, the tiny qwen35 MTP model under tensor split over two CPU devices with the
+- ``llama`` level, the tiny qwen35 MTP model under tensor split over two CPU devices (or the
+  devices given: ``--device CUDA0,CUDA0``, else ``LLAMA_METAWS_TEST_DEVICES``) with the
   phase-aware workspace and MTP drafting: greedy generation, compared token by token with the
   same split without drafting.
 
@@ -40,13 +41,13 @@ def _case_ggml(mode: str) -> str:
     return f"owner computed twice on one graph (generation {gens[0]} both times)"
 
 
-def _case_llama(mode: str, model_path: str) -> str:
+def _case_llama(mode: str, model_path: str, devices: Sequence[str]) -> str:
     from .loading import greedy_tokens, load_model, new_context
     from .mtp import MTPDrafter
     from .workspace import Workspace
 
     draft_max = 3
-    model = load_model(model_path, devices=["CPU", "CPU"], split_mode="tensor", load_mtp=True)
+    model = load_model(model_path, devices=list(devices), split_mode="tensor", load_mtp=True)
     try:
         plain = new_context(model, n_ctx=256, n_batch=64, n_rs_seq=1)
         reference = greedy_tokens(plain, PROMPT, N_PREDICT)
@@ -70,7 +71,7 @@ def _case_llama(mode: str, model_path: str) -> str:
         model.close()
 
 
-def _child(level: str, mode: str, model_path: Optional[str]) -> int:
+def _child(level: str, mode: str, model_path: Optional[str], devices: Sequence[str]) -> int:
     """Run one case in this process; print its message; exit 0 on success."""
     import llama_metaws  # noqa: F401  (the patched build, before llama_cpp)
 
@@ -78,7 +79,7 @@ def _child(level: str, mode: str, model_path: Optional[str]) -> int:
         if level == "ggml":
             message = _case_ggml(mode)
         else:
-            message = _case_llama(mode, model_path)
+            message = _case_llama(mode, model_path, devices)
     except Exception as e:  # a clean failure: reported, not an abort
         print(f"FAILED: {type(e).__name__}: {e}", flush=True)
         return 1
@@ -86,11 +87,23 @@ def _child(level: str, mode: str, model_path: Optional[str]) -> int:
     return 0
 
 
-def run_case(level: str, mode: str, *, model_path: Optional[str] = None, timeout: float = 300) -> Dict[str, str]:
-    """One case in a subprocess: ``{level, mode, result ("ok" | "assert" | "error"), message}``."""
+def default_devices() -> List[str]:
+    """The llama level's devices: ``LLAMA_METAWS_TEST_DEVICES`` cycled to two, else CPU,CPU."""
+    from .testing import split_devices
+
+    return split_devices(2)
+
+
+def run_case(level: str, mode: str, *, model_path: Optional[str] = None, timeout: float = 300,
+             devices: Optional[Sequence[str]] = None) -> Dict[str, str]:
+    """One case in a subprocess: ``{level, mode, result ("ok" | "assert" | "error"), message}``.
+
+    ``devices``: the llama level's tensor split (default :func:`default_devices`); the ggml
+    level always builds its meta device over two CPU devices."""
     if level not in LEVELS or mode not in MODES:
         raise ValueError(f"unknown case {level}/{mode}: levels {LEVELS}, modes {MODES}")
-    cmd = [sys.executable, "-m", "llama_metaws.repro", "--child", level, mode]
+    cmd = [sys.executable, "-m", "llama_metaws.repro", "--child", level, mode,
+           "--device", ",".join(devices or default_devices())]
     if model_path:
         cmd += ["--model", os.fspath(model_path)]
     result, message = run_child(cmd, timeout=timeout).verdict()
@@ -98,7 +111,8 @@ def run_case(level: str, mode: str, *, model_path: Optional[str] = None, timeout
 
 
 def run_cases(levels: Sequence[str] = LEVELS, modes: Sequence[str] = MODES,
-              model_path: Optional[str] = None, progress=None) -> List[Dict[str, str]]:
+              model_path: Optional[str] = None, progress=None,
+              devices: Optional[Sequence[str]] = None) -> List[Dict[str, str]]:
     """Every (level, mode) case, each in its own subprocess."""
     with tempfile.TemporaryDirectory() as tmp:
         if "llama" in levels and model_path is None:
@@ -110,7 +124,7 @@ def run_cases(levels: Sequence[str] = LEVELS, modes: Sequence[str] = MODES,
             for mode in modes:
                 if progress:
                     progress(f"running {level}/{mode} ...")
-                records.append(run_case(level, mode, model_path=model_path))
+                records.append(run_case(level, mode, model_path=model_path, devices=devices))
         return records
 
 
@@ -122,8 +136,9 @@ def _main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m llama_metaws.repro")
     p.add_argument("--child", nargs=2, metavar=("LEVEL", "MODE"), required=True)
     p.add_argument("--model")
+    p.add_argument("--device", default="CPU,CPU")
     args = p.parse_args(argv)
-    return _child(args.child[0], args.child[1], args.model)
+    return _child(args.child[0], args.child[1], args.model, [d for d in args.device.split(",") if d])
 
 
 def format_line(r: Dict[str, str]) -> str:

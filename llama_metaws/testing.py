@@ -45,9 +45,26 @@ __all__ = [
     "mtp_model_plan",
     "mtp_model_cycle_len",
     "mtp_model_logit_margin",
+    "split_devices",
+    "TEST_DEVICES_ENV",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+#: Where the tests and ``llama-metaws repro`` take the devices of a tensor split from.
+TEST_DEVICES_ENV = "LLAMA_METAWS_TEST_DEVICES"
+
+
+def split_devices(n: int = 2) -> List[str]:
+    """The n devices a tensor-split test spreads over.
+
+    ``LLAMA_METAWS_TEST_DEVICES`` names them, comma-separated as llama.cpp prints them, and is
+    cycled to n names: ``CUDA0`` gives ``CUDA0,CUDA0`` (one GPU listed twice), ``CUDA0,CUDA1``
+    two GPUs. Unset, the CPU listed n times: the CPU test bed.
+    """
+    names = [d.strip() for d in os.environ.get(TEST_DEVICES_ENV, "").split(",") if d.strip()]
+    names = names or ["CPU"]
+    return [names[i % len(names)] for i in range(n)]
 
 #: Vocabulary size of every tiny model.
 N_VOCAB = 128

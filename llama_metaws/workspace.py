@@ -186,11 +186,25 @@ class Workspace:
         self.close()
 
 
-def inject_alloc_failure(n: int) -> None:
-    """Testing: the n-th following backend buffer allocation fails (0: off). Process-wide."""
+def inject_alloc_failure(n: int, *, count: int = 1, min_size: int = 0) -> None:
+    """Testing: make backend buffer allocations fail as if the device were out of memory.
+
+    From the n-th following allocation on, the next ``count`` allocations of at least
+    ``min_size`` bytes fail (``count=-1``: every one of them, until ``inject_alloc_failure(0)``);
+    ``n=0`` disarms. Process-wide (patch 0004).
+    """
+    for name, value in (("n", n), ("count", count), ("min_size", min_size)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if n < 0:
         raise ValueError("n must be >= 0")
-    lib.ggml_backend_inject_alloc_failure(n)
+    if count < 1 and count != -1:
+        raise ValueError("count must be >= 1, or -1 for every allocation until disarmed")
+    if min_size < 0:
+        raise ValueError("min_size must be >= 0")
+    if n > 2**31 - 1 or count > 2**31 - 1:
+        raise ValueError("n and count must fit in a C int")
+    lib.ggml_backend_inject_alloc_failure(n, count, min_size)
 
 
 def private_bytes(ctx) -> int:

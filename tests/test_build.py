@@ -133,12 +133,12 @@ def test_the_full_build_stops_at_a_bad_patch_and_names_it(tmp_path, monkeypatch)
 PATCH_SYMBOLS = {
     "libllama.so": ["llama_n_compute_buffers", "llama_get_compute_buffer",  # 0001
                     "llama_set_phase_aware_workspace", "llama_attach_shared_workspace",  # 0005
-                    "llama_get_compute_buffer_state", "llama_set_workspace_meta_sharing"],  # 0005, 0009
+                    "llama_get_compute_buffer_state", "llama_set_workspace_meta_sharing"],  # 0005, 0010
     "libggml-base.so": ["ggml_gallocr_set_resizable", "ggml_gallocr_request_shrink",  # 0002
                         "ggml_backend_sched_set_resizable",  # 0003
                         "ggml_backend_inject_alloc_failure",  # 0004
-                        "ggml_backend_meta_buffer_alias",  # 0007
-                        "ggml_gallocr_set_meta_sharing"],  # 0008
+                        "ggml_backend_meta_buffer_alias",  # 0008
+                        "ggml_gallocr_set_meta_sharing"],  # 0009
 }
 
 

@@ -36,6 +36,7 @@ from llama_cpp import _logger
 
 from llama_metaws.loading import greedy_tokens, load_model, new_context
 from llama_metaws.mtp import DRAFT, MTPDrafter
+from llama_metaws.testing import split_devices
 from llama_metaws.workspace import Workspace, context_info, inject_alloc_failure, private_bytes
 
 N_CTX = 256
@@ -56,7 +57,7 @@ HEAP_TOLERANCE = 8 * 1024
 
 SPLITS = {
     "none": dict(devices=None, split_mode="none"),
-    "tensor": dict(devices=["CPU", "CPU"], split_mode="tensor"),
+    "tensor": dict(devices=split_devices(2), split_mode="tensor"),  # LLAMA_METAWS_TEST_DEVICES
 }
 _INJECTED = re.compile(r"injected failure allocating (\d+) bytes of (.+?)\s*$")
 

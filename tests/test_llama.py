@@ -1,12 +1,8 @@
 """The patched Llama: a drop-in for llama_cpp.Llama with MTP drafting, devices, split modes."""
 
-import json
 import math
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -166,51 +162,7 @@ def test_bad_inputs_are_exceptions(agree_path, models_dir, tmp_path):
     llm.close()  # harmless
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url, body, stream=False):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        if not stream:
-            return json.loads(r.read())
-        return [json.loads(line[6:]) for line in r.read().decode().splitlines()
-                if line.startswith("data: ") and line != "data: [DONE]"]
-
-
-def test_the_server_answers_chat_completions_over_http(agree_path):
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_metaws", "serve", "-m", agree_path, "--spec-type", "draft-mtp",
-         "--phase-aware-workspace", "-c", "256", "-b", "64", "-ub", "64", "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/models", timeout=2) as r:
-                    assert json.loads(r.read())["data"]
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stdout.read()
-                assert time.time() < deadline, "the server did not come up"
-                time.sleep(0.3)
-        msg = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
-        res = _post(base + "/chat/completions", msg)
-        content = res["choices"][0]["message"]["content"]
-        assert content
-        chunks = _post(base + "/chat/completions", dict(msg, stream=True), stream=True)
-        streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
-        assert streamed == content
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+# the server: tests/test_server.py
 
 
 def test_the_cli_takes_llama_cpp_flags(agree_path):

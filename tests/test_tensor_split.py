@@ -1,4 +1,7 @@
-"""Tensor split on a CPU meta test bed: decoding, the borrower alias, the crash and its fix."""
+"""Tensor split on a CPU meta test bed: decoding, the borrower alias, the crash and its fix.
+
+The devices are the CPU listed twice (or three times), unless LLAMA_METAWS_TEST_DEVICES names
+others (``CUDA0``: one GPU listed twice; see ``llama_metaws.testing.split_devices``)."""
 
 import json
 import os
@@ -14,6 +17,7 @@ from llama_metaws import repro
 from llama_metaws._native import check_error, ffi, lib
 from llama_metaws.loading import greedy_tokens, load_model, new_context
 from llama_metaws.mtp import MTPDrafter
+from llama_metaws.testing import split_devices
 from llama_metaws.workspace import Workspace, private_bytes
 
 PROMPT = [9, 4, 17, 33, 2, 61, 8, 100, 27, 5]
@@ -68,7 +72,7 @@ def test_tensor_split_on_cpu_devices_matches_one_device(models_dir, mtp_path, ki
 
     path = mtp_path if kind == "qwen35-mtp" else make_tiny_model(models_dir / "ts-llama.gguf", seed=2)
     one = _logits(path, devices=None, split_mode="none", load_mtp=kind == "qwen35-mtp")
-    split = _logits(path, devices=["CPU"] * n_devices, split_mode="tensor", use_mmap=use_mmap,
+    split = _logits(path, devices=split_devices(n_devices), split_mode="tensor", use_mmap=use_mmap,
                     load_mtp=kind == "qwen35-mtp")
     assert np.all(np.isfinite(split))
     assert np.abs(split - one).max() < LOGIT_TOLERANCE
@@ -139,7 +143,7 @@ def test_unsafe_shared_refuses_to_run_unless_asked(mtp_path):
 
 @pytest.fixture(scope="module")
 def split_model(mtp_path):
-    model = load_model(mtp_path, devices=["CPU", "CPU"], split_mode="tensor", load_mtp=True)
+    model = load_model(mtp_path, devices=split_devices(2), split_mode="tensor", load_mtp=True)
     yield model
     model.close()
 

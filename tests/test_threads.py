@@ -3,7 +3,8 @@
 Without serialization two concurrent requests interleave decodes of the same target, draft
 and shared workspace, and the process aborts in ggml (``GGML_ASSERT(... tensor read out of
 bounds)`` and others, seen on the first try). ``Llama`` serializes them with a per-instance
-lock held by ``generate`` (from its first ``next`` until the generator ends or is closed) and by
+guard (a plain lock owned by no thread) held by ``generate`` (from its first ``next`` until the
+generator ends, is closed or is collected, on any thread) and by
 ``eval``: a second thread waits for the first request, and every output is the
 single-threaded one.
 """
@@ -143,3 +144,97 @@ def test_an_abandoned_stream_lets_the_other_thread_in(llm, reference, how):
     assert result["text"] == reference[PROMPTS[1]]
     assert _text(llm, PROMPTS[2]) == reference[PROMPTS[2]]
     _assert_workspace_consistent(llm)
+
+
+# --- the guard across threads: a server advances a stream on any free worker thread and a
+# dropped stream is closed (or garbage-collected) on any thread; a lock owned by the thread
+# that took it (an RLock) cannot be released there and the instance stays held forever.
+
+
+def _on_thread(fn):
+    """Run ``fn`` on a fresh thread, wait for it, return its result (or raise its error)."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "the step did not finish: the instance is held"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+@pytest.fixture
+def unraisable():
+    """Errors raised where nobody can catch them (a generator finalized by the collector)."""
+    import sys
+
+    seen, previous = [], sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(u.exc_value)
+    yield seen
+    sys.unraisablehook = previous
+
+
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_a_stream_started_advanced_and_ended_on_three_threads_frees_the_instance(llm, reference, how,
+                                                                                  unraisable):
+    import gc
+
+    holder = [llm.create_completion(PROMPTS[2], max_tokens=MAX_TOKENS, temperature=0.0, stream=True)]
+    head = _on_thread(lambda: next(holder[0])["choices"][0]["text"])      # takes the instance
+    head += _on_thread(lambda: next(holder[0])["choices"][0]["text"])     # another thread goes on
+    assert llm._guard.busy
+    if how == "close":
+        _on_thread(lambda: holder[0].close())
+    else:
+        def drop():  # the last reference goes on this thread: the collector finalizes it here
+            holder.pop()
+            gc.collect()
+        _on_thread(drop)
+    assert not llm._guard.busy, "the ended stream still holds the instance"
+    assert not unraisable, unraisable
+    assert reference[PROMPTS[2]].startswith(head)
+    # the next requests, on yet other threads and on this one, get the instance at once
+    assert _on_thread(lambda: _text(llm, PROMPTS[1])) == reference[PROMPTS[1]]
+    assert _text(llm, PROMPTS[0]) == reference[PROMPTS[0]]
+    _assert_workspace_consistent(llm)
+
+
+def test_a_stream_advanced_on_alternating_threads_is_the_single_threaded_one(llm, reference):
+    stream = llm.create_completion(PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0.0, stream=True)
+    text = []
+    for _ in range(MAX_TOKENS + 1):  # bounded: one chunk per token at most, then the end
+        chunk = _on_thread(lambda: next(stream, None))
+        if chunk is None:
+            break
+        text.append(chunk["choices"][0]["text"])
+    assert "".join(text) == reference[PROMPTS[0]]
+    assert not llm._guard.busy
+
+
+def test_the_request_guard_is_owned_by_no_thread():
+    from llama_metaws.llama import RequestGuard
+
+    guard = RequestGuard()
+    ticket = _on_thread(guard.acquire)             # taken on one thread ...
+    assert guard.busy and guard.acquire(timeout=0.05) is None
+    guard.release(object())                        # a stale ticket frees nothing
+    assert guard.busy
+    _on_thread(lambda: guard.release(ticket))      # ... given back on another
+    assert not guard.busy
+    ticket = guard.acquire()
+    with guard.running(ticket):
+        with guard.hold():                         # from inside the running request: no wait
+            assert guard.inside()
+    assert not guard.inside() and guard.busy
+    assert _on_thread(guard.inside) is False       # another thread is not inside it
+    guard.release(ticket)
+    with guard.hold():
+        assert guard.busy
+    assert not guard.busy

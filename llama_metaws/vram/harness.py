@@ -100,8 +100,8 @@ def _run_child(req: dict, emit: _Events) -> None:
     tokens = _prompt_tokens(req["model"], req["prompt"])
     n_predict, draft_max = int(req["n_predict"]), int(req["draft_max"])
     n_ctx, n_ubatch = int(req["n_ctx"]), int(req["n_ubatch"])
-    # the binding keeps n_batch rows of logits when it drafts, written at absolute positions:
-    # n_batch must cover the whole request (compute buffers follow n_ubatch, not n_batch)
+    # by default one logical batch holds the whole request (compute buffers follow n_ubatch,
+    # not n_batch)
     n_batch = req.get("n_batch") or min(n_ctx, max(n_ubatch, len(tokens) + n_predict + draft_max + 1))
     kw = dict(draft="mtp", draft_max=draft_max, devices=list(req["devices"]), split_mode=cfg.split_mode,
               n_seq_max=int(req["n_seq_max"]), n_ctx=n_ctx, n_batch=int(n_batch), n_ubatch=n_ubatch,

@@ -2,7 +2,6 @@
 
 enum ggml_gallocr_role {
     GGML_GALLOCR_ROLE_NONE,
-    GGML_GALLOCR_ROLE_PRIVATE,
     GGML_GALLOCR_ROLE_OWNER,
     GGML_GALLOCR_ROLE_BORROWER,
     ...
@@ -28,5 +27,6 @@ enum ggml_gallocr_meta_sharing {
     ...
 };
 
-/* testing: the n-th following non-empty buffer allocation fails (patch 0004) */
-void ggml_backend_inject_alloc_failure(int n);
+/* testing: from the n-th following non-empty buffer allocation on, the next `count` allocations
+   of at least min_size bytes fail (count -1: until disarmed with n == 0) (patch 0004) */
+void ggml_backend_inject_alloc_failure(int n, int count, size_t min_size);

@@ -1,0 +1,65 @@
+"""``GET /metrics``: Prometheus text with llama-server's names, and the workspace's gauges."""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+
+def _escape(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(worker) -> str:
+    c = worker.counters
+    families: List[Tuple[str, str, str, list]] = [
+        ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
+         [("", c.prompt_tokens)]),
+        ("llamacpp:prompt_seconds_total", "counter", "Prompt process time.", [("", c.prompt_seconds)]),
+        ("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
+         [("", c.tokens_predicted)]),
+        ("llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time.",
+         [("", c.tokens_predicted_seconds)]),
+        ("llamacpp:requests_total", "counter", "Requests that ran on the model.", [("", c.requests)]),
+        ("llamacpp:spec_decode_num_drafts_total", "counter",
+         "Draft steps verified by the target (MTP drafting).", [("", c.drafts)]),
+        ("llamacpp:spec_decode_num_draft_tokens_total", "counter", "Tokens drafted.",
+         [("", c.draft_tokens)]),
+        ("llamacpp:spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens accepted.",
+         [("", c.draft_accepted)]),
+        ("llamacpp:requests_processing", "gauge", "Number of requests processing.",
+         [("", worker.processing)]),
+        ("llamacpp:requests_deferred", "gauge", "Number of requests deferred (waiting).",
+         [("", worker.deferred)]),
+    ]
+    ws = {name: [] for name in ("bytes", "owner_need_bytes", "borrower_need_bytes", "generation",
+                                "grows_total", "shrinks_total", "alias_in_use", "shared")}
+    for i, e in enumerate(c.workspace):
+        labels = (f'{{entry="{i}",buffer_type="{_escape(e.buffer_type)}",device="{_escape(e.device)}"}}')
+        ws["bytes"].append((labels, e.allocated))
+        ws["owner_need_bytes"].append((labels, e.owner_need))
+        ws["borrower_need_bytes"].append((labels, e.borrower_need))
+        ws["generation"].append((labels, e.generation))
+        ws["grows_total"].append((labels, e.n_grow))
+        ws["shrinks_total"].append((labels, e.n_shrink))
+        ws["alias_in_use"].append((labels, int(bool(e.alias))))
+        ws["shared"].append((labels, int(bool(e.shared))))
+    about = {
+        "bytes": ("gauge", "Compute bytes allocated for this buffer type (a shared entry once, for both)."),
+        "owner_need_bytes": ("gauge", "The target's published compute requirement."),
+        "borrower_need_bytes": ("gauge", "The draft's published compute requirement."),
+        "generation": ("gauge", "Replacements of this buffer's memory."),
+        "grows_total": ("counter", "Times the shared buffer grew."),
+        "shrinks_total": ("counter", "Times the shared buffer shrank."),
+        "alias_in_use": ("gauge", "1 when the draft computes through a meta-buffer alias."),
+        "shared": ("gauge", "1 for an entry shared by the target and the draft."),
+    }
+    for key, samples in ws.items():
+        kind, text = about[key]
+        families.append((f"llamametaws:workspace_{key}", kind, text, samples))
+    lines = []
+    for name, kind, text, samples in families:
+        lines.append(f"# HELP {name} {text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{name}{labels} {value}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,148 @@
+"""The drafting path pays only what llama.cpp pays: one logits row for a prompt, a draft on
+every step, the draft context derived from the target's, logprobs as without drafting."""
+
+import numpy as np
+import pytest
+
+import llama_cpp
+
+from llama_metaws import Llama
+from llama_metaws.mtp import _top_probability
+from llama_metaws.testing import make_tiny_mtp_model
+
+KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
+LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 10 # with 60 tokens out: past n_batch
+
+
+@pytest.fixture(scope="module")
+def half_path(models_dir):
+    # drafts right about half the time: rejections on most steps
+    return str(make_tiny_mtp_model(models_dir / "drafting-half.gguf", seed=31, agreement=0.5))
+
+
+def _count_outputs(llm):
+    """Record, for each target decode, (tokens in the batch, positions asking for logits)."""
+    seen = []
+    decode = llm._ctx.decode
+
+    def counting(batch):
+        b = batch.batch
+        seen.append((b.n_tokens, sum(1 for i in range(b.n_tokens) if b.logits[i])))
+        return decode(batch)
+
+    llm._ctx.decode = counting
+    return seen
+
+
+def test_a_prompt_asks_llama_for_one_output_row(half_path):
+    with Llama(half_path, draft="mtp", draft_max=3, **KW) as llm:
+        seen = _count_outputs(llm)
+        n_prompt = len(llm.tokenize(LONG_PROMPT.encode()))
+        assert n_prompt > KW["n_batch"]  # chunked: every chunk asks for at most one row
+        llm.create_completion(LONG_PROMPT, max_tokens=12, temperature=0.0)
+        prompt_decodes = [s for s in seen if s[0] > 4]
+        assert sum(n for n, _ in prompt_decodes) == n_prompt
+        assert all(outputs == 1 for _, outputs in prompt_decodes), prompt_decodes
+        # verification batches: the sampled token and its drafts, every position sampled
+        steps = [s for s in seen if s[0] <= 4]
+        assert steps and all(outputs == n for n, outputs in steps), steps
+
+
+def test_logits_all_asks_for_every_row(half_path):
+    with Llama(half_path, draft="mtp", logits_all=True, **KW) as llm:
+        seen = _count_outputs(llm)
+        llm.create_completion(LONG_PROMPT, max_tokens=4, temperature=0.0)
+        assert seen and all(outputs == n for n, outputs in seen)
+
+
+def test_after_a_rejected_draft_the_next_step_drafts(half_path):
+    with Llama(half_path, draft="mtp", draft_max=3, **KW) as llm:
+        calls = []
+        model = llm.draft_model
+        propose = model.drafter.propose
+
+        def counting(last, pos0, n_draft):
+            out = propose(last, pos0, n_draft)
+            calls.append((pos0, n_draft, len(out)))
+            return out
+
+        model.drafter.propose = counting
+        llm.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)
+        stats = llm.draft_stats.last
+        assert 0 < stats.accepted < stats.drafted  # rejections happened
+        # the binding asks for a draft after every sampled step; each one drafted in full
+        assert len(calls) >= stats.steps and all(n == want == 3 for _, want, n in calls
+                                                 if want == 3), calls
+        empty = []
+        orig_call = type(model).__call__
+
+        def watching(self, input_ids, **kw):
+            out = orig_call(self, input_ids, **kw)
+            if len(out) == 0:
+                empty.append(len(input_ids))
+            return out
+
+        type(model).__call__ = watching
+        try:
+            llm.create_completion(LONG_PROMPT + " again", max_tokens=30, temperature=0.0)
+        finally:
+            type(model).__call__ = orig_call
+        assert empty == [], f"no draft at positions {empty}"
+
+
+def test_the_draft_context_is_derived_from_the_targets(half_path):
+    with Llama(half_path, draft="mtp", type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0,
+               flash_attn=True, offload_kqv=False, n_threads=1, **KW) as llm:
+        t, d = llm.context_params, llm._draft_ctx.params
+        for name in ("type_k", "type_v", "flash_attn_type", "offload_kqv", "n_ctx", "n_batch", "n_ubatch",
+                     "n_seq_max", "n_threads", "n_threads_batch"):
+            assert getattr(d, name) == getattr(t, name), name
+        assert d.type_k == llama_cpp.GGML_TYPE_Q8_0 and d.offload_kqv is False
+        assert d.ctx_type == llama_cpp.LLAMA_CONTEXT_TYPE_MTP and d.n_rs_seq == 0
+    # and llama.cpp built it so: a q8_0 draft KV is smaller than an f16 one
+    from llama_metaws.plan import _breakdown
+
+    sizes = {}
+    for kind in (llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_F16):
+        with Llama(half_path, draft="mtp", type_k=kind, type_v=kind, flash_attn=True, **KW) as llm:
+            sizes[kind] = sum(e["context"] for e in _breakdown(llm._draft_ctx).values())
+    assert 0 < sizes[llama_cpp.GGML_TYPE_Q8_0] < sizes[llama_cpp.GGML_TYPE_F16]
+
+
+def _logprobs(llm, **kw):
+    out = llm.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0, logprobs=3, **kw)
+    lp = out["choices"][0]["logprobs"]
+    return out["choices"][0]["text"], lp["token_logprobs"], lp["top_logprobs"]
+
+
+def test_logprobs_with_drafting_equal_those_without(half_path):
+    with Llama(half_path, logits_all=True, **KW) as plain, \
+            Llama(half_path, draft="mtp", logits_all=True, **KW) as llm:
+        text0, lp0, top0 = _logprobs(plain)
+        text1, lp1, top1 = _logprobs(llm)
+        assert llm.draft_stats.last.drafted > 0
+        assert len(llm.tokenize(LONG_PROMPT.encode())) + 40 > KW["n_batch"]
+        assert text1 == text0 and len(lp1) == len(lp0) > 0
+        np.testing.assert_allclose(np.array(lp1, dtype=float), np.array(lp0, dtype=float), atol=1e-4)
+        for a, b in zip(top1, top0):
+            assert a.keys() == b.keys()
+
+
+def test_logprobs_without_logits_all_is_the_same_clear_error(half_path):
+    with Llama(half_path, **KW) as plain, Llama(half_path, draft="mtp", **KW) as llm:
+        with pytest.raises(ValueError) as e0:
+            _logprobs(plain)
+        with pytest.raises(ValueError) as e1:
+            _logprobs(llm)
+        assert str(e1.value) == str(e0.value) and "logits_all" in str(e1.value)
+
+
+def test_p_min_is_llama_cpps_top_10_probability():
+    logits = np.full(151936, -30.0, dtype=np.float32)
+    logits[:10] = [5.0] + [4.0] * 9
+    p = _top_probability(logits)
+    want = 1.0 / (1.0 + 9 * np.exp(-1.0))  # a softmax over the 10 best, not the whole vocabulary
+    assert abs(p - want) < 1e-6
+    # the long tail does not dilute it (over the whole vocabulary it would be far lower)
+    logits[10:] = 3.0
+    assert abs(_top_probability(logits) - want) < 1e-6
