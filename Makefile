@@ -14,7 +14,7 @@ BINDING_CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 # and the shim (its own cache key), and the workspace/alias/repro tests under it.
 SANITIZE_CMAKE_ARGS := -DGGML_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_UNDEFINED=ON \
 	-DLLAMA_SANITIZE_ADDRESS=ON -DLLAMA_SANITIZE_UNDEFINED=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
-# its own manifest: the run time reads the manifest, never CMAKE_ARGS (see build.manifest_path)
+# its own manifest: the run time reads the manifest, never CMAKE_ARGS (see manifest.manifest_path)
 SANITIZE_MANIFEST := LLAMA_METAWS_MANIFEST="$(CURDIR)/build/manifest-sanitize.json"
 SANITIZE_ENV := $(SANITIZE_MANIFEST) \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \

@@ -160,14 +160,14 @@ def _med(xs: List[float]) -> float:
 
 
 def measure(a: argparse.Namespace) -> dict:
-    from llama_metaws import build
+    from llama_metaws import tools_build
     from llama_metaws.testing import BENCH_SHAPE, make_mtp_model
 
-    tools = build.find_tools()
+    tools = tools_build.find_tools()
     if tools is None:
         print("building llama.cpp's tools (llama-metaws build --tools) ...", flush=True)
-        build.build(tools=True)
-        tools = build.find_tools()
+        subprocess.run([sys.executable, "-m", "llama_metaws", "build", "--tools"], check=True)
+        tools = tools_build.find_tools()
     shape = dict(BENCH_SHAPE, n_vocab=a.n_vocab, n_embd=a.n_embd, n_layer=a.n_layer, n_ff=a.n_ff)
     models = {}
     for ag in a.agreements:

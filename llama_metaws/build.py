@@ -22,10 +22,6 @@ build. An unchanged series finds its directory and returns at once; a changed
 patch gets a new key and a fresh build. The shim has a key of its own (the library key plus the
 shim's sources), so editing a declaration rebuilds the shim only.
 
-``llama-metaws build --tools`` also builds llama.cpp's own ``llama-speculative-simple`` and
-``llama-bench`` from the same patched tree, into ``<cache>/tools/<key>/bin`` (a key of its own:
-the library inputs plus the tool targets); :func:`find_tools` finds them.
-
 Only ``BuildError`` leaves this module on a failure; its message names the step, and for a
 patch that does not apply, the patch and the file and hunk git reported.
 """
@@ -148,7 +144,7 @@ def compiler_identity() -> str:
     return "; ".join(lines)
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -220,7 +216,7 @@ def tree_sha256(root: Path) -> str:
         if rel == SOURCE_MANIFEST:
             continue
         h.update(rel.encode() + b"\0")
-        h.update(os.readlink(path).encode() if path.is_symlink() else _sha256_file(path).encode())
+        h.update(os.readlink(path).encode() if path.is_symlink() else sha256_file(path).encode())
         h.update(b"\0")
     return h.hexdigest()
 
@@ -340,7 +336,7 @@ def fetch_sdist(downloads: Path, progress: Progress) -> Path:
     """The pinned sdist, from the cache or through ``pip download``; its sha256 is checked."""
     downloads.mkdir(parents=True, exist_ok=True)
     target = downloads / SDIST_FILENAME
-    if target.is_file() and _sha256_file(target) == SDIST_SHA256:
+    if target.is_file() and sha256_file(target) == SDIST_SHA256:
         progress(f"  using cached {target.name}")
         return target
     with tempfile.TemporaryDirectory(dir=downloads) as tmp:
@@ -356,7 +352,7 @@ def fetch_sdist(downloads: Path, progress: Progress) -> Path:
         got = Path(tmp) / SDIST_FILENAME
         if not got.is_file():
             raise BuildError(f"fetch step: pip did not produce {SDIST_FILENAME}: {os.listdir(tmp)}")
-        digest = _sha256_file(got)
+        digest = sha256_file(got)
         if digest != SDIST_SHA256:
             raise BuildError(
                 f"fetch step: {SDIST_FILENAME} has sha256 {digest}, expected {SDIST_SHA256}"
@@ -436,9 +432,10 @@ def _generator_args() -> List[str]:
     return ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"] if ninja else []
 
 
-def _prepare_source(inputs: BuildInputs, src: Path, patches: List[Path], step: Callable[[int, str], None],
-                    progress: Progress) -> None:
-    """Steps 1-3 into ``src``: fetch, unpack and patch, or copy the pre-patched source."""
+def prepare_source(inputs: BuildInputs, src: Path, patches: List[Path], step: Callable[[int, str], None],
+                   progress: Progress) -> None:
+    """Steps 1-3 into ``src``: fetch, unpack and patch, or copy the pre-patched source (also the
+    tools build's, :mod:`llama_metaws.tools_build`)."""
     pre = patched_source_dir() if inputs.source else None
     if inputs.source and pre is None:
         raise BuildError(f"these inputs name a pre-patched source, but {PATCHED_SOURCE_ENV} is not set")
@@ -480,7 +477,7 @@ def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *,
     work = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=final.parent))
     try:
         src = work / "src"
-        _prepare_source(inputs, src, patches, step, progress)
+        prepare_source(inputs, src, patches, step, progress)
 
         # llama.cpp's CMake uses ccache when it is installed; relative paths under the work
         # directory let a changed series reuse every object its patches did not touch.
@@ -510,107 +507,6 @@ def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *,
         raise
     progress(f"llama-metaws: built {inputs.key()} in {time.monotonic() - t0:.0f} s ({final})")
     return Build(final)
-
-
-# --------------------------------------------------------------------------------------------
-# llama.cpp's own tools, from the same patched tree (``llama-metaws build --tools``)
-
-#: The executables ``build --tools`` makes (only these targets are built).
-TOOL_TARGETS = ("llama-speculative-simple", "llama-bench")
-#: Bump when the tools' steps change in a way that changes what they produce.
-TOOLS_RECIPE_VERSION = 1
-# After BASE_CMAKE_ARGS (a later -D wins): the common library, the tools and examples that hold
-# the two targets, and an rpath of $ORIGIN in the build tree (executables and shared libraries
-# both land in bin/, which is kept as it is).
-TOOLS_CMAKE_ARGS = (
-    "-DLLAMA_BUILD_COMMON=ON",
-    "-DLLAMA_BUILD_TOOLS=ON",
-    "-DLLAMA_BUILD_EXAMPLES=ON",
-    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
-)
-
-
-def tools_key(inputs: BuildInputs) -> str:
-    """The library inputs plus the tool targets and their CMake arguments."""
-    doc = json.dumps(dict(dataclasses.asdict(inputs), tools=list(TOOL_TARGETS),
-                          tools_cmake_args=list(TOOLS_CMAKE_ARGS), tools_recipe=TOOLS_RECIPE_VERSION),
-                     sort_keys=True).encode()
-    return _sha256_bytes(doc)[:20]
-
-
-def tools_dir_for(inputs: BuildInputs) -> Path:
-    return cache_root() / "tools" / tools_key(inputs)
-
-
-def find_tools(inputs: Optional[BuildInputs] = None) -> Optional[dict]:
-    """``{target: path}`` of the tools built for these inputs (the current ones), or None."""
-    inputs = inputs or BuildInputs.collect()
-    root = tools_dir_for(inputs)
-    if not (root / "tools.json").is_file():
-        return None
-    found = {name: root / "bin" / name for name in TOOL_TARGETS}
-    return found if all(p.is_file() for p in found.values()) else None
-
-
-def build_tools(inputs: BuildInputs, progress: Progress = _stderr_progress, *, force: bool = False) -> dict:
-    """Fetch, unpack, patch, configure and build only :data:`TOOL_TARGETS`; cached by
-    :func:`tools_key` in ``<cache>/tools/<key>/bin`` (the executables and the shared libraries
-    they load through their ``$ORIGIN`` rpath). Returns ``{target: path}``.
-
-    The steps and the work-directory layout are the library build's, so with ccache the
-    objects both builds share (ggml, llama) are cache hits.
-    """
-    key = tools_key(inputs)
-    final = tools_dir_for(inputs)
-    found = find_tools(inputs)
-    if found is not None and not force:
-        progress(f"llama-metaws: tools {key} are up to date ({final})")
-        return found
-
-    patches = read_series(source_root() / "patches")
-    n = len(STEPS)
-    t0 = time.monotonic()
-
-    def step(i: int, text: str) -> None:
-        progress(f"[{i}/{n}] tools {STEPS[i - 1]}: {text}")
-
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=final.parent))
-    try:
-        src = work / "src"
-        _prepare_source(inputs, src, patches, step, progress)
-
-        env = dict(os.environ, CCACHE_BASEDIR=str(work), CCACHE_NOHASHDIR="1")
-        step(4, "cmake " + " ".join((*TOOLS_CMAKE_ARGS, *inputs.cmake_args)))
-        bdir = work / "cmake-build"
-        cmd = [_cmake(), "-S", str(src), "-B", str(bdir), *_generator_args(), *BASE_CMAKE_ARGS,
-               *TOOLS_CMAKE_ARGS, f"-DCMAKE_INSTALL_PREFIX={work}", *inputs.cmake_args]
-        _run_streamed(cmd, None, lambda line: None, "tools configure step: cmake", env)
-
-        step(5, f"compiling {', '.join(TOOL_TARGETS)} with {os.cpu_count()} jobs")
-        _run_streamed([_cmake(), "--build", str(bdir), "--parallel", str(os.cpu_count() or 1),
-                       "--target", *TOOL_TARGETS],
-                      None, _ninja_progress(progress), "tools build step: cmake --build", env)
-
-        step(6, f"executables and their libraries into {final / 'bin'}")
-        os.replace(bdir / "bin", work / "bin")
-        shutil.rmtree(bdir)
-        shutil.rmtree(src)  # the library build keeps the patched tree; the tools need only bin/
-        manifest = dict(dataclasses.asdict(inputs), key=key, tools=list(TOOL_TARGETS),
-                        tools_cmake_args=list(TOOLS_CMAKE_ARGS),
-                        seconds=round(time.monotonic() - t0, 1))
-        (work / "tools.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(work, final)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    progress(f"llama-metaws: built tools {key} in {time.monotonic() - t0:.0f} s ({final})")
-    found = find_tools(inputs)
-    if found is None:
-        raise BuildError(f"tools step: {', '.join(TOOL_TARGETS)} missing from {final / 'bin'}")
-    return found
 
 
 def sanitizer_flags(cmake_args: Sequence[str]) -> tuple:
@@ -655,86 +551,9 @@ def build_shim(build: Build, progress: Progress = _stderr_progress) -> Path:
     return found
 
 
-# --------------------------------------------------------------------------------------------
-# The run-time manifest: which build this checkout uses
-
-
-MANIFEST_ENV = "LLAMA_METAWS_MANIFEST"
-MANIFEST_VERSION = 1
-
-
-def manifest_path() -> Path:
-    """``LLAMA_METAWS_MANIFEST``, else ``build/manifest.json`` in the source checkout.
-
-    ``llama-metaws build`` writes it; ``import llama_metaws`` reads it and never recomputes
-    the key from the environment (``CMAKE_ARGS``, ``CC`` at run time do not matter). A second
-    build flavour (``make sanitize``) keeps a manifest of its own through the variable.
-    """
-    env = os.environ.get(MANIFEST_ENV)
-    return Path(env) if env else source_root() / "build" / "manifest.json"
-
-
-def source_fingerprint(root: Optional[Path] = None) -> dict:
-    """What the checkout's sources are now: the series (name, sha256) and the shim's sources."""
-    root = root or source_root()
-    return {
-        "patches": [[p.name, _sha256_bytes(p.read_bytes())] for p in read_series(root / "patches")],
-        "native": shim_key("", root / "native"),
-    }
-
-
-def write_manifest(b: Build, inputs: BuildInputs, path: Optional[Path] = None,
-                   tools: Optional[dict] = None) -> Path:
-    """Record the build (and, when known, the tools: ``{"tools": {target: path}}``)."""
-    path = path or manifest_path()
-    doc = dict(version=MANIFEST_VERSION, key=inputs.key(), build=str(b.root),
-               shim=str(b.shim) if b.shim else None, cmake_args=list(inputs.cmake_args),
-               compiler=inputs.compiler, **source_fingerprint())
-    if tools:
-        doc["tools"] = {name: str(p) for name, p in tools.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def read_manifest(path: Optional[Path] = None) -> Build:
-    """The build the manifest names, checked against the checkout; BuildError says what to run."""
-    path = path or manifest_path()
-    run = "run `llama-metaws build` (or `make setup`)"
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BuildError(f"no native build is recorded for this checkout ({path} is missing): {run}") from None
-    except ValueError as e:
-        raise BuildError(f"the build manifest {path} is unreadable ({e}): {run}") from None
-    if doc.get("version") != MANIFEST_VERSION:
-        raise BuildError(f"the build manifest {path} is of another version: {run}")
-    now = source_fingerprint()
-    if doc.get("patches") != now["patches"]:
-        raise BuildError(f"the build in {path} was made from another patches/series than the "
-                         f"checkout's: {run}")
-    if doc.get("native") != now["native"]:
-        raise BuildError(f"the cffi shim in {path} was built from other native/ sources: {run}")
-    root = Path(doc["build"])
-    if not (root / "build.json").is_file():
-        raise BuildError(f"the build {root} named in {path} no longer exists: {run}")
-    shim = Path(doc["shim"]) if doc.get("shim") else None
-    if shim is None or not shim.is_file():
-        raise BuildError(f"the cffi shim named in {path} no longer exists: {run}")
-    return Build(root, shim)
-
-
-def build(progress: Progress = _stderr_progress, *, force: bool = False, tools: bool = False) -> Build:
-    """Library and shim for the current inputs, and the manifest: what ``llama-metaws build`` runs.
-
-    ``tools=True`` (``--tools``) also builds :data:`TOOL_TARGETS` (:func:`build_tools`); tools
-    already built for these inputs are recorded in the manifest either way.
-    """
+def build(progress: Progress = _stderr_progress, *, force: bool = False) -> Build:
+    """Library and shim for the current inputs (``llama-metaws build`` then records the result
+    in the run-time manifest: ``manifest.write_manifest``)."""
     inputs = BuildInputs.collect()
     b = build_library(inputs, progress, force=force)
-    b = Build(b.root, build_shim(b, progress))
-    found = build_tools(inputs, progress, force=force) if tools else find_tools(inputs)
-    progress(f"llama-metaws: manifest {write_manifest(b, inputs, tools=found)}")
-    return b
+    return Build(b.root, build_shim(b, progress))

@@ -11,16 +11,20 @@ from . import flags
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from . import build
+    from . import build, manifest, tools_build
 
     try:
-        b = build.build(force=args.force, tools=args.tools)
+        b = build.build(force=args.force)
+        tools = None
+        if args.tools:
+            tools = tools_build.build_tools(build.BuildInputs.collect(), force=args.force)
+        print(f"llama-metaws: manifest {manifest.write_manifest(b, tools=tools)}", file=sys.stderr)
     except build.BuildError as e:
         print(f"llama-metaws build: {e}", file=sys.stderr)
         return 1
     print(b.root)
     if args.tools:
-        for path in (build.find_tools() or {}).values():
+        for path in (tools_build.find_tools() or {}).values():
             print(path)
     return 0
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -85,14 +84,6 @@ def _stderr(line: str) -> None:
 
 def default_out() -> Path:
     return _build.source_root() / "build" / "gpu-kit"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _run(cmd: Sequence[str], what: str, env: Optional[dict] = None, cwd: Optional[Path] = None) -> str:
@@ -310,7 +301,7 @@ def make_kit(out: Optional[Path] = None, python_versions: Sequence[str] = DEFAUL
             "requirements": requirements(),
             "source": {k: source[k] for k in ("sdist", "sdist_sha256", "patches", "tree_sha256",
                                               "files", "unpacked_bytes")},
-            "wheels": {p.name: _sha256(p) for p in sorted(wheels.glob("*.whl"))},
+            "wheels": {p.name: _build.sha256_file(p) for p in sorted(wheels.glob("*.whl"))},
             "models": sorted(p.name for p in models.glob("*.gguf")),
         }
         manifest["bytes"] = sum(files.values())

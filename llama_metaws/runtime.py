@@ -2,7 +2,7 @@
 
 ``import llama_metaws`` calls :func:`prepare`: it checks that the installed binding is the
 release our patches target, reads the build manifest that ``llama-metaws build`` wrote
-(``build.manifest_path()``; the key is never recomputed from the run-time environment) and
+(``manifest.manifest_path()``; the key is never recomputed from the run-time environment) and
 sets ``LLAMA_CPP_LIB_PATH`` to its ``lib/`` directory, so that ``import llama_cpp`` and the
 cffi shim load the same single copy of ``libllama`` and ``libggml*``. A missing or stale build
 is not an error here (``llama-metaws build`` must be able to run); it is raised, naming the
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import build as _build
+from . import manifest as _manifest
 from .errors import BindingVersionError, NativeBuildMissing
 
 BINDING_DISTRIBUTION = "llama_cpp_python"
@@ -51,7 +52,7 @@ def current_build() -> Optional[_build.Build]:
     if not _searched:
         _searched = True
         try:
-            _current = _build.read_manifest()
+            _current = _manifest.read_manifest()
         except _build.BuildError as e:
             _current, _missing = None, str(e)
     return _current

@@ -15,7 +15,7 @@ import pytest
 import llama_cpp
 import llama_cpp.llama_cpp as llama_cpp_lib
 
-from llama_metaws import build
+from llama_metaws import build, manifest
 from llama_metaws.params import set_fields
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,8 +152,8 @@ def test_the_run_time_ignores_cmake_args_and_cc():
                   "print(os.environ['LLAMA_CPP_LIB_PATH']); print(list_devices()[0].name)", env)
     assert res.returncode == 0, res.stderr
     lib_dir, first = res.stdout.split()
-    manifest = json.loads(build.manifest_path().read_text())
-    assert Path(lib_dir) == Path(manifest["build"]) / "lib"
+    doc = json.loads(manifest.manifest_path().read_text())
+    assert Path(lib_dir) == Path(doc["build"]) / "lib"
     assert first == "CPU"
 
 
@@ -173,7 +173,7 @@ def test_a_stale_build_names_the_command_to_run(tmp_path):
     first = build.read_series(root / "patches")[0]
     first.write_text(first.read_text() + "\n")
     env = dict(os.environ, LLAMA_METAWS_SOURCE_ROOT=str(root),
-               LLAMA_METAWS_MANIFEST=str(build.manifest_path()))
+               LLAMA_METAWS_MANIFEST=str(manifest.manifest_path()))
     res = _python("import llama_metaws; from llama_metaws.devices import list_devices", env)
     assert res.returncode != 0
     assert "another patches/series" in res.stderr and "llama-metaws build" in res.stderr
@@ -184,8 +184,8 @@ def test_a_stale_build_names_the_command_to_run(tmp_path):
 
 
 def test_the_manifest_records_what_the_build_was_made_from():
-    doc = json.loads(build.manifest_path().read_text())
-    assert doc["patches"] == build.source_fingerprint()["patches"]
+    doc = json.loads(manifest.manifest_path().read_text())
+    assert doc["patches"] == manifest.source_fingerprint()["patches"]
     assert Path(doc["shim"]).is_file() and Path(doc["build"], "build.json").is_file()
 
 
