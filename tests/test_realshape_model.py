@@ -195,3 +195,13 @@ def test_the_designed_token_has_the_tiny_models_peak_at_any_vocabulary() -> None
         peak = np.exp(m) / (np.exp(m) + v - 1)
         assert peak > 0.99, (v, peak)
     assert mtp_model_logit_margin(N_VOCAB) == LOGIT_MARGIN
+
+
+def test_the_constants_shared_with_the_tiny_builders_agree() -> None:
+    from llama_metaws import realshape, testing
+
+    assert (realshape.N_VOCAB, realshape.LOGIT_MARGIN) == (testing.N_VOCAB, testing.LOGIT_MARGIN)
+    assert realshape.CHAT_TEMPLATE == testing.CHAT_TEMPLATE
+    assert (realshape._RMS_EPS, realshape._SSM_CONV, realshape._SMALL_OUT_STD) == (
+        testing._RMS_EPS, testing._SSM_CONV, testing._SMALL_OUT_STD)
+    assert testing.make_mtp_model is realshape.make_mtp_model
