@@ -238,7 +238,10 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         f"phase_aware_workspace=True)`; `llama.cpp` is `llama-speculative-simple --spec-type "
         f"draft-mtp --spec-draft-n-max k` (its prompt figure is its `encoded` line: the target's "
         f"prompt and the draft's catch-up); `llama-bench` is pp{a.prompt_tokens}/tg{a.tokens}. "
-        f"Peak RSS is the child's (file-backed model pages included).",
+        f"Peak RSS is the child's (file-backed model pages included). Acceptance is not the "
+        f"agreement rate: the head's agreeing positions follow a regular pattern along the cycle, "
+        f"and a drafting loop's steps can fall in phase with it (k=1 at agreement 0.5 drafts "
+        f"mostly agreeing positions); both run the same models, so the comparison holds.",
         "",
         "| agreement | configuration | decode t/s | prompt t/s | acceptance | peak RSS MiB |",
         "|---:|---|---:|---:|---:|---:|",
@@ -295,14 +298,17 @@ def plot(m: dict, a: argparse.Namespace, label: str) -> Optional[Path]:
     s, _ = summarize(m)
     ags = sorted(s)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for k in a.draft_max:
-        ax.plot(ags, [s[g][f"plugin MTP k={k}"]["decode"] for g in ags], "o-", label=f"plugin MTP, k={k}")
-        ax.plot(ags, [s[g][f"llama.cpp k={k}"]["decode"] for g in ags], "s--", label=f"llama.cpp draft-mtp, k={k}")
+    for i, k in enumerate(a.draft_max):
+        ax.plot(ags, [s[g][f"plugin MTP k={k}"]["decode"] for g in ags], "o-", color=f"C{i}",
+                label=f"plugin MTP, k={k}")
+        ax.plot(ags, [s[g][f"llama.cpp k={k}"]["decode"] for g in ags], "s--", color=f"C{i}",
+                label=f"llama.cpp draft-mtp, k={k}")
     ax.plot(ags, [s[g]["no drafting"]["decode"] for g in ags], "k:", label="plugin, no drafting")
     ax.plot(ags, [s[g]["llama-bench"]["decode"] for g in ags], color="grey", ls="-.", label="llama-bench tg")
     ax.set_xlabel("MTP head agreement with the target")
     ax.set_ylabel("decode tokens/s")
-    ax.set_title(f"real shape ({m['shape']['n_vocab']:,} tokens, {a.dtype}), {label}", fontsize=9)
+    ax.set_title(f"qwen35 {m['shape']['n_layer']}x{m['shape']['n_embd']}, {m['shape']['n_vocab']:,} tokens, "
+                 f"{a.dtype}, {a.threads} thread(s): plugin (solid) vs llama.cpp (dashed)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
