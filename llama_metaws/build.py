@@ -432,6 +432,33 @@ def _generator_args() -> List[str]:
     return ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"] if ninja else []
 
 
+def prepare_source(inputs: BuildInputs, src: Path, patches: List[Path], step: Callable[[int, str], None],
+                   progress: Progress) -> None:
+    """Steps 1-3 into ``src``: fetch, unpack and patch, or copy the pre-patched source (also the
+    tools build's, :mod:`llama_metaws.tools_build`)."""
+    pre = patched_source_dir() if inputs.source else None
+    if inputs.source and pre is None:
+        raise BuildError(f"these inputs name a pre-patched source, but {PATCHED_SOURCE_ENV} is not set")
+    if pre is not None:
+        step(1, f"none: pre-patched source {pre} ({PATCHED_SOURCE_ENV})")
+        step(2, f"copying {pre}")
+        shutil.copytree(pre, src, symlinks=True)
+        got = "pre-patched:" + tree_sha256(src)
+        if got != inputs.source:
+            raise BuildError(f"unpack step: {pre} does not hash to what its {SOURCE_MANIFEST} "
+                             f"says ({got} != {inputs.source}): it was changed since it was made")
+        step(3, f"{len(patches)} patch(es) already applied (checked against patches/series)")
+    else:
+        step(1, f"{SDIST_PROJECT} {SDIST_VERSION} sdist")
+        sdist = fetch_sdist(cache_root() / "downloads", progress)
+
+        step(2, "vendored llama.cpp")
+        unpack_vendored(sdist, src)
+
+        step(3, f"{len(patches)} patch(es) from patches/series")
+        apply_patches(src, patches, progress)
+
+
 def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *, force: bool = False) -> Build:
     """Run the six steps for these inputs, or return the cached build at once."""
     final = build_dir_for(inputs)
@@ -450,27 +477,7 @@ def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *,
     work = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=final.parent))
     try:
         src = work / "src"
-        pre = patched_source_dir() if inputs.source else None
-        if inputs.source and pre is None:
-            raise BuildError(f"these inputs name a pre-patched source, but {PATCHED_SOURCE_ENV} is not set")
-        if pre is not None:
-            step(1, f"none: pre-patched source {pre} ({PATCHED_SOURCE_ENV})")
-            step(2, f"copying {pre}")
-            shutil.copytree(pre, src, symlinks=True)
-            got = "pre-patched:" + tree_sha256(src)
-            if got != inputs.source:
-                raise BuildError(f"unpack step: {pre} does not hash to what its {SOURCE_MANIFEST} "
-                                 f"says ({got} != {inputs.source}): it was changed since it was made")
-            step(3, f"{len(patches)} patch(es) already applied (checked against patches/series)")
-        else:
-            step(1, f"{SDIST_PROJECT} {SDIST_VERSION} sdist")
-            sdist = fetch_sdist(cache_root() / "downloads", progress)
-
-            step(2, "vendored llama.cpp")
-            unpack_vendored(sdist, src)
-
-            step(3, f"{len(patches)} patch(es) from patches/series")
-            apply_patches(src, patches, progress)
+        prepare_source(inputs, src, patches, step, progress)
 
         # llama.cpp's CMake uses ccache when it is installed; relative paths under the work
         # directory let a changed series reuse every object its patches did not touch.

@@ -11,15 +11,21 @@ from . import flags
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from . import build, manifest
+    from . import build, manifest, tools_build
 
     try:
         b = build.build(force=args.force)
-        print(f"llama-metaws: manifest {manifest.write_manifest(b)}", file=sys.stderr)
+        tools = None
+        if args.tools:
+            tools = tools_build.build_tools(build.BuildInputs.collect(), force=args.force)
+        print(f"llama-metaws: manifest {manifest.write_manifest(b, tools=tools)}", file=sys.stderr)
     except build.BuildError as e:
         print(f"llama-metaws build: {e}", file=sys.stderr)
         return 1
     print(b.root)
+    if args.tools:
+        for path in (tools_build.find_tools() or {}).values():
+            print(path)
     return 0
 
 
@@ -163,6 +169,9 @@ def make_parser() -> argparse.ArgumentParser:
                        "build with CMake (CMAKE_ARGS passed through) and the cffi shim. An unchanged "
                        "set of inputs returns at once.")
     b.add_argument("--force", action="store_true", help="rebuild even when the build is cached")
+    b.add_argument("--tools", action="store_true",
+                   help="also build llama.cpp's llama-speculative-simple and llama-bench from the "
+                   "same patched tree (cached under a key of their own; paths in the manifest)")
     b.set_defaults(func=_cmd_build)
 
     d = sub.add_parser("devices", help="list ggml's devices")

@@ -41,13 +41,24 @@ def source_fingerprint(root: Optional[Path] = None) -> dict:
     }
 
 
-def write_manifest(b: _build.Build, path: Optional[Path] = None) -> Path:
-    """Record ``b`` (library and shim) as the build this checkout uses."""
+def write_manifest(b: _build.Build, path: Optional[Path] = None, tools: Optional[dict] = None) -> Path:
+    """Record ``b`` (library and shim) as the build this checkout uses, and llama.cpp's tools
+    (``"tools": {target: path}``, :mod:`llama_metaws.tools_build`): those given, else those the
+    manifest already names for the same library key while they exist."""
     path = path or manifest_path()
     made = b.manifest  # the build's own build.json: its key and inputs
+    if tools is None:
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            old = {}
+        if old.get("key") == made["key"] and all(Path(p).is_file() for p in old.get("tools", {}).values()):
+            tools = old.get("tools")
     doc = dict(version=MANIFEST_VERSION, key=made["key"], build=str(b.root),
                shim=str(b.shim) if b.shim else None, cmake_args=list(made.get("cmake_args", ())),
                compiler=made.get("compiler"), **source_fingerprint())
+    if tools:
+        doc["tools"] = {name: str(p) for name, p in tools.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")

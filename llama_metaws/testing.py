@@ -1,21 +1,24 @@
 """Tiny GGUF models for tests: written on the spot with gguf-py, no downloads.
 
-Two builders:
+Three builders:
 
 * :func:`make_tiny_mtp_model` -- a ``qwen35`` model (one gated-delta-net layer, one full
   attention layer, one NextN/MTP block) whose MTP head agrees with the target's greedy
   continuation at a chosen rate, or carries plain seeded random weights.
 * :func:`make_tiny_model` -- a small model without NextN layers (``llama``, ``qwen3`` or
   ``qwen35``) with seeded random weights.
+* :func:`make_mtp_model` -- a ``qwen35`` MTP model at real proportions (Qwen's 151,936-token
+  vocabulary, a 0.6B-class trunk by default) with the same agreement design, f16 or q8_0,
+  cached by its arguments (the benchmarks' model; see its docstring).
 
 Every model uses the same tokenizer: ``tokenizer.ggml.model = "test"`` (llama.cpp's dummy
-TEST vocabulary) with :data:`N_VOCAB` tokens whose texts are the token ids in lower-case hex
+TEST vocabulary) with :data:`N_VOCAB` tokens (``make_mtp_model``: ``n_vocab``) whose texts are the token ids in lower-case hex
 (``"0"`` .. ``"7f"``), which is exactly what llama.cpp prints for a TEST token, so
 detokenizing gives readable text such as ``"1f7a"``.
 
-All weights are f32 and drawn from ``np.random.default_rng(seed)`` in a fixed order, and the
-gguf writer emits no timestamps, so the same arguments give the same bytes every time. Each
-file is under 10 MB and is written in well under a second.
+The two tiny builders' weights are all f32 and drawn from ``np.random.default_rng(seed)`` in a
+fixed order, and the gguf writer emits no timestamps, so the same arguments give the same bytes
+every time. Each tiny file is under 10 MB and is written in well under a second.
 """
 
 from __future__ import annotations
@@ -34,6 +37,14 @@ __all__ = [
     "make_tiny_mtp_model",
     "make_tiny_model",
     "mtp_agreement_plan",
+    "QWEN_N_VOCAB",
+    "BENCH_SHAPE",
+    "MTP_MODEL_DTYPES",
+    "make_mtp_model",
+    "mtp_model_path",
+    "mtp_model_plan",
+    "mtp_model_cycle_len",
+    "mtp_model_logit_margin",
     "split_devices",
     "TEST_DEVICES_ENV",
 ]
@@ -468,3 +479,18 @@ def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0) -> Pa
             kv["vocab_size"] = N_VOCAB
 
     return _write_gguf(Path(path), arch, kv, t, N_VOCAB)
+
+
+# --------------------------------------------------------------------------------------------
+# real-shape MTP models: llama_metaws.realshape (a module of its own: the size rule)
+
+from .realshape import (  # noqa: E402  (re-exported: testing is where the builders are)
+    BENCH_SHAPE,
+    MTP_MODEL_DTYPES,
+    QWEN_N_VOCAB,
+    make_mtp_model,
+    mtp_model_cycle_len,
+    mtp_model_logit_margin,
+    mtp_model_path,
+    mtp_model_plan,
+)

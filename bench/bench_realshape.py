@@ -1,0 +1,361 @@
+"""Real-shape speed: the plugin's MTP drafting next to llama.cpp's own draft-mtp, at Qwen's vocabulary.
+
+One run, interleaved, side by side, on models from ``llama_metaws.testing.make_mtp_model`` (the
+default bench shape: qwen35, 28 trunk layers of width 1024, n_ff 3072, 151,936 tokens, one NextN
+block; cached by its arguments) at several agreement rates:
+
+* ``plugin, no drafting``: ``llama_metaws.Llama`` without a draft;
+* ``plugin MTP``: ``Llama(draft="mtp", draft_max=k, phase_aware_workspace=True)``;
+* ``llama.cpp draft-mtp``: ``llama-speculative-simple --spec-type draft-mtp --spec-draft-n-max k``;
+* ``llama-bench``: llama.cpp's own prompt (pp) and decode (tg) speed, no drafting.
+
+Every configuration runs in a child process of its own (the plugin's through this script's
+``--child``), so its peak RSS (``getrusage`` of that child) is its own. The tools come from
+``llama-metaws build --tools`` (built here when missing). Greedy decoding throughout. Reports decode
+and prompt tokens/s, draft acceptance and peak RSS, the issue's goals as ratios, writes its table
+into bench/BENCHMARKS.md and a plot (decode t/s against agreement) to bench/realshape.png.
+
+    .venv/bin/python bench/bench_realshape.py [--quick] [--threads 2] [--dtype q8_0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+AGREEMENTS = (0.0, 0.5, 0.8, 1.0)
+DRAFT_MAX = (1, 2, 3, 4)
+QUICK_AGREEMENTS = (0.0, 0.8)
+QUICK_DRAFT_MAX = (3,)
+PLOT = HERE / "realshape.png"
+
+# a prompt of about PROMPT_TOKENS tokens: the TEST tokenizer makes one token of every 5 bytes
+PROMPT_TOKENS = 256
+N_CTX = 1024
+N_BATCH = 512
+
+
+def prompt_text(n_tokens: int) -> str:
+    words = "speculative decoding with the model's own multi token prediction head "
+    return (words * (5 * n_tokens // len(words) + 1))[: 5 * n_tokens]
+
+
+# --------------------------------------------------------------------------------------------
+# the plugin, in a child process
+
+
+def child(spec: dict) -> dict:
+    """One plugin configuration: load, one warm-up request, one measured request."""
+    import llama_metaws  # noqa: F401
+    from llama_metaws import Llama
+
+    kw = dict(n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=spec["threads"],
+              n_threads_batch=spec["threads"], verbose=False)
+    if spec["draft_max"]:
+        kw.update(draft="mtp", draft_max=spec["draft_max"], phase_aware_workspace=True)
+    with Llama(spec["model"], **kw) as llm:
+        llm.create_completion(spec["prompt"][:40], max_tokens=4, temperature=0.0)
+        out = llm.create_completion(spec["prompt"], max_tokens=spec["tokens"], temperature=0.0)
+        t = llm.timings()
+        st = llm.draft_stats.last if spec["draft_max"] else None
+        res = dict(prompt_tps=t["prompt_tokens_per_s"], decode_tps=t["decode_tokens_per_s"],
+                   prompt_tokens=t["prompt_tokens"], tokens=out["usage"]["completion_tokens"],
+                   text=out["choices"][0]["text"],
+                   drafted=st.drafted if st else 0, accepted=st.accepted if st else 0)
+    res["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return res
+
+
+def _wait(cmd: List[str], timeout: float) -> Tuple[int, str, str, int]:
+    """Run a child; (exit status, stdout, stderr, its peak RSS in bytes from wait4)."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        t0 = time.monotonic()
+        while True:
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() - t0 > timeout:
+                proc.kill()
+                pid, status, ru = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"), \
+            ru.ru_maxrss * 1024
+
+
+def run_plugin(model: Path, draft_max: int, a: argparse.Namespace) -> dict:
+    spec = dict(model=str(model), draft_max=draft_max, threads=a.threads, tokens=a.tokens,
+                prompt=prompt_text(a.prompt_tokens))
+    rc, out, err, rss = _wait([sys.executable, __file__, "--child", json.dumps(spec)], a.timeout)
+    if rc != 0:
+        raise RuntimeError(f"plugin child (draft_max={draft_max}) exited {rc}:\n{err[-2000:]}")
+    res = json.loads(out.strip().splitlines()[-1])
+    res["peak_rss"] = max(res["peak_rss"], rss)
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# llama.cpp's tools
+
+
+def run_speculative(tool: Path, model: Path, draft_max: int, a: argparse.Namespace) -> dict:
+    cmd = [str(tool), "-m", str(model), "-p", prompt_text(a.prompt_tokens), "-n", str(a.tokens),
+           "-c", str(N_CTX), "-b", str(N_BATCH), "-ub", str(N_BATCH), "-t", str(a.threads),
+           "-tb", str(a.threads), "-td", str(a.threads), "--spec-type", "draft-mtp",
+           "--spec-draft-n-max", str(draft_max), "--temp", "0", "--seed", "0", "-ngl", "0"]
+    rc, out, err, rss = _wait(cmd, a.timeout)
+    text = out + err
+    if rc != 0:
+        raise RuntimeError(f"llama-speculative-simple exited {rc}:\n{text[-3000:]}")
+
+    def grab(pat: str) -> float:
+        m = re.search(pat, text)
+        if not m:
+            raise RuntimeError(f"llama-speculative-simple: no {pat!r} in its output:\n{text[-3000:]}")
+        return float(m.group(1))
+
+    return dict(prompt_tps=grab(r"encoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s"),
+                decode_tps=grab(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s"),
+                drafted=int(grab(r"n_drafted\s*=\s*(\d+)")), accepted=int(grab(r"n_accept\s*=\s*(\d+)")),
+                tokens=int(grab(r"n_predict\s*=\s*(\d+)")), peak_rss=rss)
+
+
+def run_llama_bench(tool: Path, model: Path, a: argparse.Namespace) -> dict:
+    cmd = [str(tool), "-m", str(model), "-p", str(a.prompt_tokens), "-n", str(a.tokens),
+           "-b", str(N_BATCH), "-ub", str(N_BATCH), "-t", str(a.threads), "-r", str(a.bench_reps),
+           "-ngl", "0", "-o", "json"]
+    rc, out, err, rss = _wait(cmd, a.timeout)
+    if rc != 0:
+        raise RuntimeError(f"llama-bench exited {rc}:\n{(out + err)[-3000:]}")
+    rows = json.loads(out)
+    pp = [r["avg_ts"] for r in rows if r.get("n_prompt") and not r.get("n_gen")]
+    tg = [r["avg_ts"] for r in rows if r.get("n_gen") and not r.get("n_prompt")]
+    return dict(prompt_tps=pp[0], decode_tps=tg[0], peak_rss=rss)
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+
+
+def _med(xs: List[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def measure(a: argparse.Namespace) -> dict:
+    from llama_metaws import tools_build
+    from llama_metaws.testing import BENCH_SHAPE, make_mtp_model
+
+    tools = tools_build.find_tools()
+    if tools is None:
+        print("building llama.cpp's tools (llama-metaws build --tools) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "llama_metaws", "build", "--tools"], check=True)
+        tools = tools_build.find_tools()
+    shape = dict(BENCH_SHAPE, n_vocab=a.n_vocab, n_embd=a.n_embd, n_layer=a.n_layer, n_ff=a.n_ff)
+    models = {}
+    for ag in a.agreements:
+        t0 = time.monotonic()
+        models[ag] = make_mtp_model(agreement=ag, dtype=a.dtype, seed=a.seed, **shape)
+        print(f"model agreement {ag}: {models[ag].name} ({models[ag].stat().st_size / 2**20:.0f} MiB, "
+              f"{time.monotonic() - t0:.1f} s)", flush=True)
+
+    # results[agreement][config] = list of runs
+    results: Dict[float, Dict[str, List[dict]]] = {ag: {} for ag in a.agreements}
+    for rep in range(a.runs):
+        for ag in a.agreements:
+            jobs = [("no drafting", lambda ag=ag: run_plugin(models[ag], 0, a)),
+                    ("llama-bench", lambda ag=ag: run_llama_bench(tools["llama-bench"], models[ag], a))]
+            for k in a.draft_max:
+                pair = [(f"plugin MTP k={k}", lambda ag=ag, k=k: run_plugin(models[ag], k, a)),
+                        (f"llama.cpp k={k}", lambda ag=ag, k=k: run_speculative(
+                            tools["llama-speculative-simple"], models[ag], k, a))]
+                jobs += pair if (rep + k) % 2 == 0 else pair[::-1]
+            if rep % 2:
+                jobs = jobs[::-1]
+            for name, job in jobs:
+                t0 = time.monotonic()
+                r = job()
+                results[ag].setdefault(name, []).append(r)
+                acc = f", accept {r['accepted'] / r['drafted']:.3f}" if r.get("drafted") else ""
+                print(f"  [{rep + 1}/{a.runs}] a={ag} {name:<18} decode {r['decode_tps']:7.2f} t/s, "
+                      f"prompt {r['prompt_tps']:8.1f} t/s{acc}, rss {r['peak_rss'] / 2**20:.0f} MiB "
+                      f"({time.monotonic() - t0:.0f} s)", flush=True)
+    return dict(shape=shape, results=results, models={ag: str(p.name) for ag, p in models.items()})
+
+
+def summarize(m: dict) -> Tuple[dict, List[str]]:
+    """Medians per (agreement, config), and the identity check (MTP text == no-drafting text)."""
+    s: dict = {}
+    notes = []
+    for ag, cfgs in m["results"].items():
+        s[ag] = {}
+        ref = cfgs.get("no drafting", [{}])[0].get("text")
+        for name, runs in cfgs.items():
+            drafted = sum(r.get("drafted", 0) for r in runs)
+            s[ag][name] = dict(decode=_med([r["decode_tps"] for r in runs]),
+                               prompt=_med([r["prompt_tps"] for r in runs]),
+                               accept=(sum(r.get("accepted", 0) for r in runs) / drafted) if drafted else None,
+                               rss=max(r["peak_rss"] for r in runs))
+            if name.startswith("plugin MTP") and ref is not None:
+                if any(r.get("text") != ref for r in runs):
+                    notes.append(f"agreement {ag}, {name}: output differs from no drafting")
+    return s, notes
+
+
+def _f(x: Optional[float], fmt: str) -> str:
+    return "-" if x is None or x != x else format(x, fmt)
+
+
+def table(m: dict, a: argparse.Namespace, label: str) -> str:
+    s, notes = summarize(m)
+    shape = m["shape"]
+    lines = [
+        "## Real-shape speed: the plugin's MTP drafting vs llama.cpp's draft-mtp (bench_realshape.py)",
+        "",
+        f"{label}. Models from `make_mtp_model` ({a.dtype}): qwen35, {shape['n_layer']} trunk layers of "
+        f"width {shape['n_embd']}, n_ff {shape['n_ff']}, {shape['n_vocab']:,} tokens, one NextN block, "
+        f"the MTP head agreeing with the target at the given rate. Prompt {a.prompt_tokens} tokens, "
+        f"{a.tokens} generated, greedy, {a.threads} thread(s), n_ctx {N_CTX}, n_batch/n_ubatch "
+        f"{N_BATCH}; each configuration in its own process, the configurations interleaved, "
+        f"{a.runs} run(s) each (medians). `plugin MTP` is `Llama(draft=\"mtp\", draft_max=k, "
+        f"phase_aware_workspace=True)`; `llama.cpp` is `llama-speculative-simple --spec-type "
+        f"draft-mtp --spec-draft-n-max k` (its prompt figure is its `encoded` line: the target's "
+        f"prompt and the draft's catch-up); `llama-bench` is pp{a.prompt_tokens}/tg{a.tokens}. "
+        f"Peak RSS is the child's (file-backed model pages included). Acceptance is not the "
+        f"agreement rate: the head's agreeing positions follow a regular pattern along the cycle, "
+        f"and a drafting loop's steps can fall in phase with it (k=1 at agreement 0.5 drafts "
+        f"mostly agreeing positions); both run the same models, so the comparison holds.",
+        "",
+        "| agreement | configuration | decode t/s | prompt t/s | acceptance | peak RSS MiB |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for ag, cfgs in s.items():
+        for name, r in cfgs.items():
+            lines.append(f"| {ag:.1f} | {name} | {_f(r['decode'], '.2f')} | {_f(r['prompt'], '.1f')} | "
+                         f"{_f(r['accept'], '.3f')} | {r['rss'] / 2**20:.0f} |")
+    lines += ["", "Goals (ratios; each from the same interleaved run):", "",
+              "| agreement | k | MTP decode / llama.cpp's (>= 0.95) | speed-up / llama.cpp's speed-up "
+              "(>= 0.95) | prompt with / without drafting (>= 0.9) | acceptance - llama.cpp's "
+              "(within 2 points) |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    verdict = {"decode": True, "speedup": True, "prompt": True, "accept": True}
+    for ag, cfgs in s.items():
+        base, lb = cfgs["no drafting"], cfgs["llama-bench"]
+        for k in a.draft_max:
+            p, c = cfgs[f"plugin MTP k={k}"], cfgs[f"llama.cpp k={k}"]
+            r_dec = p["decode"] / c["decode"]
+            r_sp = (p["decode"] / base["decode"]) / (c["decode"] / lb["decode"])
+            r_pr = p["prompt"] / base["prompt"]
+            d_acc = 100 * ((p["accept"] or 0) - (c["accept"] or 0))
+            verdict["decode"] &= r_dec >= 0.95
+            verdict["speedup"] &= r_sp >= 0.95
+            verdict["prompt"] &= r_pr >= 0.9
+            verdict["accept"] &= abs(d_acc) <= 2
+            lines.append(f"| {ag:.1f} | {k} | {r_dec:.2f} | {r_sp:.2f} | {r_pr:.2f} | {d_acc:+.1f} |")
+    lines += ["", "Met at every agreement and k: " + ", ".join(
+        f"{name} {'yes' if ok else 'no'}" for name, ok in
+        (("decode", verdict["decode"]), ("speed-up", verdict["speedup"]),
+         ("prompt", verdict["prompt"]), ("acceptance", verdict["accept"]))) + "."]
+    nb = {ag: cfgs["no drafting"] for ag, cfgs in s.items()}
+    lb = {ag: cfgs["llama-bench"] for ag, cfgs in s.items()}
+    lines += ["", "Without drafting, plugin vs llama-bench: decode " + ", ".join(
+        f"{nb[ag]['decode'] / lb[ag]['decode']:.2f}" for ag in s) + "; prompt " + ", ".join(
+        f"{nb[ag]['prompt'] / lb[ag]['prompt']:.2f}" for ag in s) + " (per agreement)."]
+    if notes:
+        lines += ["", "Output checks: " + "; ".join(notes) + "."]
+    else:
+        lines += ["", "Output check: the plugin's MTP text equals its no-drafting text in every run."]
+    lines += ["", f"![decode t/s against agreement]({PLOT.name})"]
+    return "\n".join(lines)
+
+
+def plot(m: dict, a: argparse.Namespace, label: str) -> Optional[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return None
+    s, _ = summarize(m)
+    ags = sorted(s)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, k in enumerate(a.draft_max):
+        ax.plot(ags, [s[g][f"plugin MTP k={k}"]["decode"] for g in ags], "o-", color=f"C{i}",
+                label=f"plugin MTP, k={k}")
+        ax.plot(ags, [s[g][f"llama.cpp k={k}"]["decode"] for g in ags], "s--", color=f"C{i}",
+                label=f"llama.cpp draft-mtp, k={k}")
+    ax.plot(ags, [s[g]["no drafting"]["decode"] for g in ags], "k:", label="plugin, no drafting")
+    ax.plot(ags, [s[g]["llama-bench"]["decode"] for g in ags], color="grey", ls="-.", label="llama-bench tg")
+    ax.set_xlabel("MTP head agreement with the target")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(f"qwen35 {m['shape']['n_layer']}x{m['shape']['n_embd']}, {m['shape']['n_vocab']:,} tokens, "
+                 f"{a.dtype}, {a.threads} thread(s): plugin (solid) vs llama.cpp (dashed)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=110)
+    return PLOT
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true",
+                    help=f"agreements {QUICK_AGREEMENTS}, draft_max {QUICK_DRAFT_MAX}, 32 tokens: a few minutes")
+    ap.add_argument("--agreements", type=lambda v: tuple(float(x) for x in v.split(",")),
+                    help=f"comma-separated (default {','.join(map(str, AGREEMENTS))})")
+    ap.add_argument("--draft-max", type=lambda v: tuple(int(x) for x in v.split(",")),
+                    help=f"comma-separated (default {','.join(map(str, DRAFT_MAX))})")
+    ap.add_argument("--runs", type=int, default=1, help="interleaved runs of every configuration (1)")
+    ap.add_argument("--tokens", type=int, help="tokens generated per request (64; --quick 32)")
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help=f"prompt length ({PROMPT_TOKENS})")
+    ap.add_argument("--threads", type=int, default=2, help="threads for every configuration (2)")
+    ap.add_argument("--dtype", default="q8_0", choices=("f16", "q8_0"), help="model matrices (q8_0)")
+    ap.add_argument("--n-vocab", type=int, default=151936)
+    ap.add_argument("--n-embd", type=int, default=1024)
+    ap.add_argument("--n-layer", type=int, default=28)
+    ap.add_argument("--n-ff", type=int, default=3072)
+    ap.add_argument("--seed", type=int, default=0, help="model seed (0)")
+    ap.add_argument("--bench-reps", type=int, default=2, help="llama-bench -r (2)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration (900)")
+    ap.add_argument("--label", default="", help="what this run measures (printed above the table)")
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(json.loads(a.child))))
+        return
+    a.agreements = a.agreements or (QUICK_AGREEMENTS if a.quick else AGREEMENTS)
+    a.draft_max = a.draft_max or (QUICK_DRAFT_MAX if a.quick else DRAFT_MAX)
+    a.tokens = a.tokens or (32 if a.quick else 64)
+    import _doc
+
+    t0 = time.monotonic()
+    m = measure(a)
+    label = a.label or ("Quick run" if a.quick else "Full run")
+    label += f" ({time.monotonic() - t0:.0f} s)"
+    _doc.publish("bench_realshape", table(m, a, label), write=not a.no_write)
+    if not a.no_write and plot(m, a, label) is not None:
+        print(f"plot: {PLOT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""llama.cpp's own tools from the same patched tree: ``llama-metaws build --tools``.
+
+``llama-speculative-simple`` and ``llama-bench`` (only those targets) are built with
+``LLAMA_BUILD_COMMON=ON`` through the library build's steps (:func:`build.prepare_source`, the
+same work-directory layout, so with ccache the objects the two builds share are cache hits) into
+``<cache>/tools/<tools key>/bin``: the executables and the shared libraries they load through their
+``$ORIGIN`` rpath. The tools key is the library's inputs plus the targets and their CMake
+arguments. :func:`find_tools` returns their paths; the run-time manifest lists them under
+``tools``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from .build import (
+    BASE_CMAKE_ARGS,
+    STEPS,
+    BuildError,
+    BuildInputs,
+    Progress,
+    _cmake,
+    _generator_args,
+    _ninja_progress,
+    _run_streamed,
+    _sha256_bytes,
+    _stderr_progress,
+    cache_root,
+    prepare_source,
+    read_series,
+    source_root,
+)
+
+
+#: The executables ``build --tools`` makes (only these targets are built).
+TOOL_TARGETS = ("llama-speculative-simple", "llama-bench")
+#: Bump when the tools' steps change in a way that changes what they produce.
+TOOLS_RECIPE_VERSION = 1
+# After BASE_CMAKE_ARGS (a later -D wins): the common library, the tools and examples that hold
+# the two targets, and an rpath of $ORIGIN in the build tree (executables and shared libraries
+# both land in bin/, which is kept as it is).
+TOOLS_CMAKE_ARGS = (
+    "-DLLAMA_BUILD_COMMON=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_EXAMPLES=ON",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+)
+
+
+def tools_key(inputs: BuildInputs) -> str:
+    """The library inputs plus the tool targets and their CMake arguments."""
+    doc = json.dumps(dict(dataclasses.asdict(inputs), tools=list(TOOL_TARGETS),
+                          tools_cmake_args=list(TOOLS_CMAKE_ARGS), tools_recipe=TOOLS_RECIPE_VERSION),
+                     sort_keys=True).encode()
+    return _sha256_bytes(doc)[:20]
+
+
+def tools_dir_for(inputs: BuildInputs) -> Path:
+    return cache_root() / "tools" / tools_key(inputs)
+
+
+def find_tools(inputs: Optional[BuildInputs] = None) -> Optional[dict]:
+    """``{target: path}`` of the tools built for these inputs (the current ones), or None."""
+    inputs = inputs or BuildInputs.collect()
+    root = tools_dir_for(inputs)
+    if not (root / "tools.json").is_file():
+        return None
+    found = {name: root / "bin" / name for name in TOOL_TARGETS}
+    return found if all(p.is_file() for p in found.values()) else None
+
+
+def build_tools(inputs: BuildInputs, progress: Progress = _stderr_progress, *, force: bool = False) -> dict:
+    """Fetch, unpack, patch, configure and build only :data:`TOOL_TARGETS`; cached by
+    :func:`tools_key` in ``<cache>/tools/<key>/bin`` (the executables and the shared libraries
+    they load through their ``$ORIGIN`` rpath). Returns ``{target: path}``.
+
+    The steps and the work-directory layout are the library build's, so with ccache the
+    objects both builds share (ggml, llama) are cache hits.
+    """
+    key = tools_key(inputs)
+    final = tools_dir_for(inputs)
+    found = find_tools(inputs)
+    if found is not None and not force:
+        progress(f"llama-metaws: tools {key} are up to date ({final})")
+        return found
+
+    patches = read_series(source_root() / "patches")
+    n = len(STEPS)
+    t0 = time.monotonic()
+
+    def step(i: int, text: str) -> None:
+        progress(f"[{i}/{n}] tools {STEPS[i - 1]}: {text}")
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=final.parent))
+    try:
+        src = work / "src"
+        prepare_source(inputs, src, patches, step, progress)
+
+        env = dict(os.environ, CCACHE_BASEDIR=str(work), CCACHE_NOHASHDIR="1")
+        step(4, "cmake " + " ".join((*TOOLS_CMAKE_ARGS, *inputs.cmake_args)))
+        bdir = work / "cmake-build"
+        cmd = [_cmake(), "-S", str(src), "-B", str(bdir), *_generator_args(), *BASE_CMAKE_ARGS,
+               *TOOLS_CMAKE_ARGS, f"-DCMAKE_INSTALL_PREFIX={work}", *inputs.cmake_args]
+        _run_streamed(cmd, None, lambda line: None, "tools configure step: cmake", env)
+
+        step(5, f"compiling {', '.join(TOOL_TARGETS)} with {os.cpu_count()} jobs")
+        _run_streamed([_cmake(), "--build", str(bdir), "--parallel", str(os.cpu_count() or 1),
+                       "--target", *TOOL_TARGETS],
+                      None, _ninja_progress(progress), "tools build step: cmake --build", env)
+
+        step(6, f"executables and their libraries into {final / 'bin'}")
+        os.replace(bdir / "bin", work / "bin")
+        shutil.rmtree(bdir)
+        shutil.rmtree(src)  # the library build keeps the patched tree; the tools need only bin/
+        manifest = dict(dataclasses.asdict(inputs), key=key, tools=list(TOOL_TARGETS),
+                        tools_cmake_args=list(TOOLS_CMAKE_ARGS),
+                        seconds=round(time.monotonic() - t0, 1))
+        (work / "tools.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(work, final)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    progress(f"llama-metaws: built tools {key} in {time.monotonic() - t0:.0f} s ({final})")
+    found = find_tools(inputs)
+    if found is None:
+        raise BuildError(f"tools step: {', '.join(TOOL_TARGETS)} missing from {final / 'bin'}")
+    return found
