@@ -284,7 +284,7 @@ def _write_mtp_model(path: Path, args: Dict[str, object]) -> None:
     rng = np.random.default_rng(seed)
     plan = _mtp_model_plan(rng, a, V, E)
     K = len(plan["cycle"])
-    cycle, succ, pi = plan["cycle"], plan["succ"], plan["pi"]
+    cycle, pi = plan["cycle"], plan["pi"]
     eos = int(plan["eos"])
 
     hd = _RS_HEAD_DIM

@@ -4,7 +4,6 @@ the binding's low-level API: the MTP head's argmax against the target's greedy n
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
