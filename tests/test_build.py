@@ -152,6 +152,34 @@ def test_the_built_libraries_export_our_symbols(lib):
     assert not missing, f"{lib} lacks {missing}"
 
 
+# production lines: what the series adds outside tests/, summed over the patches (a line a later
+# patch changes again counts twice, so this bounds `git diff --shortstat` of the patched tree)
+PRODUCTION_LINES_MAX = 950
+
+
+def _production_lines(patch: Path) -> int:
+    n, in_tests = 0, False
+    for line in patch.read_text().splitlines():
+        if line.startswith("diff --git "):
+            in_tests = line.split()[-1].startswith("b/tests/")
+        elif line.startswith("+") and not line.startswith("+++") and not in_tests:
+            n += 1
+    return n
+
+
+def test_the_series_adds_at_most_950_production_lines():
+    counts = {p.name: _production_lines(p) for p in build.read_series(ROOT / "patches")}
+    assert all(counts.values())
+    assert sum(counts.values()) <= PRODUCTION_LINES_MAX, counts
+
+
+def test_the_line_count_skips_tests_and_counts_the_rest(tmp_path):
+    p = tmp_path / "x.patch"
+    p.write_text("diff --git a/src/a.c b/src/a.c\n+++ b/src/a.c\n+one\n-gone\n+two\n"
+                 "diff --git a/tests/t.c b/tests/t.c\n+++ b/tests/t.c\n+test\n")
+    assert _production_lines(p) == 2
+
+
 MAPS_SCRIPT = """
 import llama_metaws, llama_cpp
 import llama_metaws.buffers  # loads the cffi shim too

@@ -287,5 +287,6 @@ def test_the_vendored_test_alloc_passes_against_the_patched_ggml(tmp_path):
                  "test_resizable_shrink_waits_for_every_role", "test_resizable_fail_closed",
                  "test_resizable_failed_grow_falls_back", "test_resizable_reset_extras_stay_private",
                  "test_resizable_teardown(owner first)", "test_resizable_teardown(borrower first)",
-                 "test_resizable_meta_alias", "test_resizable_meta_entry_unused"):
+                 "test_resizable_meta_alias", "test_resizable_meta_entry_unused",
+                 "test_meta_alias_construction_throws"):
         assert f"{name} PASSED" in res.stdout, name
