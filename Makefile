@@ -21,9 +21,7 @@ SANITIZE_ENV := $(SANITIZE_MANIFEST) \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	GGML_NO_BACKTRACE=1
 SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py \
-	tests/test_memory_pressure.py tests/test_sweep.py tests/test_llama_archs.py
-# under the sanitizers only our lifecycle in test-llama-archs, not upstream's run of every architecture
-SANITIZE_SELECT := -k "not all_architectures"
+	tests/test_memory_pressure.py tests/test_sweep.py
 
 .PHONY: setup build demo test peer-tests bench sanitize clean-build gpu-kit gpu-kit-dry-run
 
@@ -60,7 +58,7 @@ bench: setup
 
 sanitize: $(VENV)/.deps
 	CMAKE_ARGS="$(SANITIZE_CMAKE_ARGS)" $(SANITIZE_MANIFEST) $(VENV)/bin/llama-metaws build
-	$(SANITIZE_ENV) $(PY) -m pytest -q -p no:cacheprovider $(SANITIZE_SELECT) $(SANITIZE_TESTS)
+	$(SANITIZE_ENV) $(PY) -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS)
 
 # The GPU run kit (README.md, "The GPU run kit"): made here, run offline on an NVIDIA machine.
 gpu-kit: $(VENV)/.deps

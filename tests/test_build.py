@@ -155,6 +155,9 @@ def test_the_built_libraries_export_our_symbols(lib):
 # production lines: what the series adds outside tests/, summed over the patches (a line a later
 # patch changes again counts twice, so this bounds `git diff --shortstat` of the patched tree)
 PRODUCTION_LINES_MAX = 950
+# the bound is the workspace and alias series' (0001-0010); a patch of another concern, its own
+# upstream pull request, is counted apart
+OTHER_CONCERNS = {"0011-llama-recurrent-seq_rm-refuses-what-its-snapshots-ca.patch": 80}
 
 
 def _production_lines(patch: Path) -> int:
@@ -170,6 +173,9 @@ def _production_lines(patch: Path) -> int:
 def test_the_series_adds_at_most_950_production_lines():
     counts = {p.name: _production_lines(p) for p in build.read_series(ROOT / "patches")}
     assert all(counts.values())
+    assert set(OTHER_CONCERNS) <= set(counts)
+    for name, most in OTHER_CONCERNS.items():
+        assert counts.pop(name) <= most, name
     assert sum(counts.values()) <= PRODUCTION_LINES_MAX, counts
 
 
