@@ -61,8 +61,14 @@ def test_the_vendored_test_llama_archs_passes_for_all_architectures(test_llama_a
 def test_the_phase_workspace_lifecycle_over_a_random_mtp_model(test_llama_archs):
     """attach -1 then 1, equal buffers, one synchronize per handoff, prompt/decode grow and
     shrink, fail-closed reserves under memory pressure, teardown either order, re-attach."""
-    rc, out = _run(test_llama_archs, "--phase-workspace", "-s", "42", timeout=300)
-    assert rc == 0, out[-6000:]
+    # llama.cpp's common logger prints from a worker thread that exit does not always drain (seen
+    # on a loaded machine: exit status 0, the last line missing): every run must exit 0 (a failed
+    # GGML_ASSERT aborts), and one of at most three must show the closing OK line
+    for _ in range(3):
+        rc, out = _run(test_llama_archs, "--phase-workspace", "-s", "42", timeout=300)
+        assert rc == 0, out[-6000:]
+        if "phase-aware workspace: prompt" in out and ": OK" in out:
+            break
     assert "phase-aware workspace: prompt" in out and ": OK" in out, out[-2000:]
     assert "ws_attach: failed to allocate the shared workspace" in out  # the -1 case really failed
     assert "llama_decode: failed to decode, ret = -2" in out  # and so did the prompt under pressure
