@@ -7,9 +7,8 @@ last message rewritten (the history and 36 other tokens), which restores the che
 after the history (the fresh instance checks the output). Both
 instances draft with the MTP head and share the workspace. Reports the second turn's prompt time
 (until the first token) as medians, their ratio, cache_n / prompt_n, the checkpoint memory, and
-whether the outputs were identical. ``make_mtp_model`` (real shapes) is not on main yet: this
-runs the tiny qwen35 model with n_ctx 2048 (its trained context is 256; the figures are about
-how many positions are evaluated, not about what the model says).
+whether the outputs were identical. The model is ``make_mtp_model``'s real-shape qwen35 (Qwen's
+vocabulary, the 0.6B-class bench shape, q8_0, agreement 0.8; cached by its arguments).
 
     .venv/bin/python bench/bench_reuse.py [--runs 7] [--tokens 16]
 """
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401
 from llama_metaws import Llama  # noqa: E402
-from llama_metaws.testing import N_VOCAB, make_tiny_mtp_model  # noqa: E402
+from llama_metaws.testing import N_VOCAB, make_mtp_model  # noqa: E402
 
 import _doc  # noqa: E402
 
@@ -50,39 +48,38 @@ def _generate(llm, tokens, n):
 
 def run(runs: int, n_tokens: int, write: bool = True) -> str:
     rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = str(make_tiny_mtp_model(Path(tmp) / "bench-reuse.gguf", seed=13, agreement=0.8))
-        reuse, fresh = Llama(path, **KW), Llama(path, **KW)
-        ms = {"reused": [], "afresh": [], "restored": []}
-        counts, same = None, True
-        for k in range(runs + 1):
-            first = [int(x) for x in rng.integers(0, N_VOCAB, size=HISTORY - n_tokens)]
-            answer = _generate(reuse, first, n_tokens)
-            second = first + answer + [int(x) for x in rng.integers(0, N_VOCAB, size=NEW)]
-            _generate(fresh, [int(x) for x in rng.integers(0, N_VOCAB, size=50)], 2)  # another chat
-            order = [(reuse, "reused"), (fresh, "afresh")]
-            outs = {}
-            for llm, name in (order if k % 2 else order[::-1]):
-                outs[name] = _generate(llm, second, n_tokens)
-                t = llm.timings()
-                if k:  # the first run warms up
-                    ms[name].append(t["prompt_ms"])
-                if name == "reused":
-                    counts = (t["cache_n"], t["prompt_n"], t["prompt_tokens"])
-                else:
-                    assert t["cache_n"] == 0
-            same = same and outs["reused"] == outs["afresh"]
-            # the user rewrites the last message instead: back to the checkpoint after `first`
-            edited = first + [int(x) for x in rng.integers(0, N_VOCAB, size=n_tokens + NEW)]
-            got = _generate(reuse, edited, n_tokens)
-            t = reuse.timings()
-            if k:
-                ms["restored"].append(t["prompt_ms"])
-            restored = (t["cache_n"], t["prompt_n"])
-            same = same and got == _generate(fresh, edited, n_tokens)
-        stats = reuse.checkpoint_stats()
-        reuse.close()
-        fresh.close()
+    path = str(make_mtp_model(agreement=0.8, dtype="q8_0"))
+    reuse, fresh = Llama(path, **KW), Llama(path, **KW)
+    ms = {"reused": [], "afresh": [], "restored": []}
+    counts, same = None, True
+    for k in range(runs + 1):
+        first = [int(x) for x in rng.integers(0, N_VOCAB, size=HISTORY - n_tokens)]
+        answer = _generate(reuse, first, n_tokens)
+        second = first + answer + [int(x) for x in rng.integers(0, N_VOCAB, size=NEW)]
+        _generate(fresh, [int(x) for x in rng.integers(0, N_VOCAB, size=50)], 2)  # another chat
+        order = [(reuse, "reused"), (fresh, "afresh")]
+        outs = {}
+        for llm, name in (order if k % 2 else order[::-1]):
+            outs[name] = _generate(llm, second, n_tokens)
+            t = llm.timings()
+            if k:  # the first run warms up
+                ms[name].append(t["prompt_ms"])
+            if name == "reused":
+                counts = (t["cache_n"], t["prompt_n"], t["prompt_tokens"])
+            else:
+                assert t["cache_n"] == 0
+        same = same and outs["reused"] == outs["afresh"]
+        # the user rewrites the last message instead: back to the checkpoint after `first`
+        edited = first + [int(x) for x in rng.integers(0, N_VOCAB, size=n_tokens + NEW)]
+        got = _generate(reuse, edited, n_tokens)
+        t = reuse.timings()
+        if k:
+            ms["restored"].append(t["prompt_ms"])
+        restored = (t["cache_n"], t["prompt_n"])
+        same = same and got == _generate(fresh, edited, n_tokens)
+    stats = reuse.checkpoint_stats()
+    reuse.close()
+    fresh.close()
 
     med = {n: statistics.median(v) for n, v in ms.items()}
     speedup = med["afresh"] / med["reused"]
@@ -90,10 +87,9 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
         "## Prompt reuse on a hybrid target with MTP drafting (bench/bench_reuse.py)",
         "",
         f"The second turn of a chat: a {HISTORY - n_tokens}-token history, its {n_tokens}-token answer "
-        f"and {NEW} new tokens ({counts[2]} tokens), greedy, {runs} interleaved runs. Tiny qwen35 MTP "
-        "model (agreement 0.8) with n_ctx 2048, one CPU device, MTP drafting with the workspace: "
-        "`make_mtp_model` (real shapes) is not on main yet, so these figures say how much less is "
-        "evaluated, not how long a real model takes. Outputs identical: "
+        f"and {NEW} new tokens ({counts[2]} tokens), greedy, {runs} interleaved runs. `make_mtp_model`'s "
+        "real-shape qwen35 (151,936 tokens, 28 layers of width 1024, q8_0, agreement 0.8) with n_ctx "
+        "2048, one CPU device, MTP drafting with the workspace. Outputs identical: "
         f"{'yes' if same else 'NO'}.",
         "",
         "| second turn | prompt ms (median) | cache_n | prompt_n |",
