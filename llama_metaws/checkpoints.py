@@ -180,25 +180,28 @@ class PromptReuse:
         self.every = checkpoint_every
         self.active = False
 
-    def chunks(self, n_past: int, n: int, n_batch: int, prompt: bool):
-        """(start, size, checkpoint after it) for evaluating ``n`` tokens after ``n_past``: chunks
-        of ``n_batch`` at most; for a request's ``prompt``, also ending (with a checkpoint) at each
-        multiple of ``every``, :data:`TAIL` tokens before the end (as llama-server does: the next
-        prompt may part from this one in its last tokens, a chat template's or a tokenizer's
-        seam) and at the end."""
+    def chunks(self, n_past: int, n: int, n_batch: int, prompt: bool, held_back: int = 0):
+        """(start, size, checkpoint after it) for evaluating ``n`` tokens after ``n_past``, less
+        the last ``held_back`` (evaluated later, with drafts): chunks of ``n_batch`` at most; for a
+        request's ``prompt``, also ending (with a checkpoint) at each multiple of ``every``,
+        :data:`TAIL` tokens before the end (as llama-server does: the next prompt may part from
+        this one in its last tokens, a chat template's or a tokenizer's seam) and at the end of
+        what is evaluated here."""
         save = prompt and self.active and self.store.enabled
+        end = n - held_back
         stops = set()
         if save:
-            stops.add(n)
+            stops.add(end)
             if n > TAIL:
                 stops.add(n - TAIL)
             if self.every:
                 stops.update(range(self.every - n_past % self.every, n, self.every))
+        stops = {x for x in stops if 0 < x <= end}
         start = 0
-        while start < n:
-            end = min([start + n_batch, n] + [x for x in stops if x > start])
-            yield start, end - start, end in stops
-            start = end
+        while start < end:
+            stop = min([start + n_batch, end] + [x for x in stops if x > start])
+            yield start, stop - start, stop in stops
+            start = stop
 
     def save(self, llm) -> None:
         """A checkpoint of the target as it stands (every position evaluated is in the prompt)."""

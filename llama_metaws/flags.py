@@ -20,6 +20,23 @@ def parse_floats(text: str) -> List[float]:
         raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
 
 
+# draft_max="auto": the longest draft the adaptive length may reach (the contexts are sized for it)
+AUTO_DRAFT_MAX = 6
+
+
+def draft_max_value(text: str):
+    """--draft-max: a count of tokens, or "auto" (a length adapted per step, at most AUTO_DRAFT_MAX)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count of tokens or 'auto': {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
+    return n
+
+
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     """llama.cpp's own flags, so its command lines map one to one."""
     p.add_argument("-m", "--model", required=True, help="GGUF model file")
@@ -30,8 +47,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="layers on the devices (default: all when --device is given, else 0)")
     p.add_argument("--spec-type", default="none", choices=["none", "draft-mtp"],
                    help="speculative decoding: draft-mtp drafts with the model's own MTP layers")
-    p.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="draft_max", type=int,
-                   default=3, help="tokens drafted per step at most (default 3)")
+    p.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="draft_max",
+                   type=draft_max_value, default=3,
+                   help=f"tokens drafted per step at most (default 3); auto: adapted per step from "
+                        f"the last drafts' acceptance, 1 to {AUTO_DRAFT_MAX}")
     p.add_argument("--draft-p-min", type=float, default=0.0)
     p.add_argument("--phase-aware-workspace", action="store_true",
                    help="share the target's and the draft's compute buffers (needs --spec-type draft-mtp)")

@@ -12,8 +12,9 @@ rows by :meth:`Llama.eval`, and the two contexts share a phase-aware workspace.
 New keyword arguments (llama.cpp's option names):
 
 - ``draft="mtp"`` drafts with the model's NextN layers (``None``, the default: no drafting);
-  ``draft_max`` (3) tokens per step at most, ``draft_p_min`` (0.0) stops a draft at the first
-  token the head gives less probability;
+  ``draft_max`` (3) tokens per step at most (``"auto"``: a length adapted per step from the
+  last steps' acceptance, see :class:`~llama_metaws.draft_model.AdaptiveLength`),
+  ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
 - ``devices=["CPU", "CUDA0", ...]``: device names as llama.cpp prints them; the same CPU device
   may be listed twice (a CPU test bed); with devices, ``n_gpu_layers`` defaults to all layers;
 - ``split_mode``: ``"none" | "layer" | "row" | "tensor"`` or the binding's integers, with
@@ -28,7 +29,6 @@ New keyword arguments (llama.cpp's option names):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import threading
 import time
@@ -37,9 +37,11 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 
 from . import devices as _devices
-from ._binding import LlamaDraftModel, _internals, llama_cpp
+from ._binding import _internals, llama_cpp
 from . import checkpoints as _ckpt
 from .loading import split_mode_value
+from .gguf_meta import check_complete, read_keys
+from .draft_model import AdaptiveLength, DraftStatsReport, MTPDraftModel
 from .mtp import DraftStats, MTPDrafter
 from .params import check_fields, set_fields
 from .workspace import MODES as WORKSPACE_MODES
@@ -51,18 +53,17 @@ DRAFT_KINDS = ("mtp",)
 
 def _gguf_nextn_layers(path: str) -> tuple:
     """(architecture, nextn_predict_layers) from the file's metadata, without loading it."""
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:
+        arch = read_keys(path, ["general.architecture"]).get("general.architecture")
+        if arch is None:
+            raise ValueError(f"{path} has no general.architecture: not a llama.cpp model")
+        n = read_keys(path, [f"{arch}.nextn_predict_layers"]).get(f"{arch}.nextn_predict_layers", 0)
+        check_complete(path)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        if "general.architecture" in str(e):
+            raise
         raise ValueError(f"{path} is not a readable GGUF model (truncated?): {e}") from None
-    arch_field = reader.get_field("general.architecture")
-    if arch_field is None:
-        raise ValueError(f"{path} has no general.architecture: not a llama.cpp model")
-    arch = arch_field.contents()
-    field = reader.get_field(f"{arch}.nextn_predict_layers")
-    return arch, int(field.contents()) if field is not None else 0
+    return arch, int(n)
 
 
 class RequestGuard:
@@ -149,114 +150,6 @@ def _timings(n_prompt: int, cache_n: int, prompt_n: int, predicted_n: int, promp
     }
 
 
-class DraftStatsReport:
-    """Draft statistics: ``last`` (the last request) and ``total`` (since the model loaded)."""
-
-    def __init__(self) -> None:
-        self.last = DraftStats()
-        self.total = DraftStats()
-
-    def __repr__(self) -> str:
-        return (f"DraftStatsReport(last={self.last} acceptance={self.last.acceptance:.3f}, "
-                f"total={self.total} acceptance={self.total.acceptance:.3f})")
-
-
-@dataclasses.dataclass
-class OpenDraft:
-    """A draft handed to the binding and awaiting its verdict."""
-
-    start: int              # the position of the first draft token
-    count: int              # how many tokens were drafted
-    verified: bool = False  # the target has decoded them (the sampling since says what it kept)
-
-
-class MTPDraftModel(LlamaDraftModel):
-    """The model's MTP head as a llama-cpp-python draft model.
-
-    It keeps the draft context in step with the target: :meth:`Llama.eval` hands it every
-    decoded batch (:meth:`target_decoded`), and before each evaluation :meth:`sync` cuts it
-    back to where the target was cut (a rejected draft, a reset, a reused prefix). Called with
-    the tokens so far (the last one sampled, not yet evaluated), it drafts from that token and
-    the target's hidden row before it. It drives :class:`~llama_metaws.mtp.MTPDrafter` through
-    its step-by-step interface (``rewind_draft``, ``follow_target``, ``propose``).
-    """
-
-    def __init__(self, drafter: MTPDrafter, stats: DraftStatsReport):
-        self.drafter = drafter
-        self.stats = stats
-        self.fed = 0                  # positions the draft context holds
-        self.rows = {}                # position -> the target's hidden row (recent ones)
-        self.open_draft: Optional[OpenDraft] = None
-
-    # the target's side ----------------------------------------------------------------------
-
-    def sync(self, n_tokens: int) -> None:
-        """The target holds ``n_tokens`` positions: settle the last draft, cut the draft context."""
-        self._settle(n_tokens)
-        if n_tokens == 0:
-            self.drafter.rewind_draft(0)
-            self.fed = 0
-            self.rows.clear()
-        elif self.fed > n_tokens:
-            # the row of the last kept position, when it is still known
-            self.drafter.rewind_draft(n_tokens, self.rows.get(n_tokens - 1))
-            self.fed = n_tokens
-
-    def _settle(self, n_tokens: int) -> None:
-        """Count the open draft once it was verified: the sampling since kept what it accepted."""
-        d = self.open_draft
-        if d is None or not d.verified:
-            return
-        accepted = max(0, min(n_tokens, d.start + d.count) - d.start)
-        for s in (self.stats.last, self.stats.total):
-            s.drafted += d.count
-            s.accepted += accepted
-            s.steps += 1
-        self.open_draft = None
-
-    def restart_at(self, n_tokens: int, row: Optional[np.ndarray]) -> None:
-        """The target was put back at ``n_tokens`` (a checkpoint, a loaded state): keep the draft
-        context's positions before it; the next token pairs with ``row`` (None: a zero row)."""
-        self.open_draft, self.fed, self.rows = None, n_tokens, {} if row is None else {n_tokens - 1: row}
-        self.drafter.rewind_draft(n_tokens, row)
-
-    def discard_open_draft(self) -> None:
-        """A request ended: a draft verified but not settled is not counted (its positions were
-        never all sampled)."""
-        self.open_draft = None
-
-    def target_decoded(self, tokens: Sequence[int], pos0: int) -> None:
-        """The target decoded ``tokens`` at ``pos0``: feed the draft, token p with row p-1."""
-        if pos0 != self.fed:  # out of step (should not happen): start the draft afresh
-            self.sync(0)
-            if pos0 != 0:
-                return
-        h = self.drafter.follow_target(tokens, pos0)
-        keep = {p: r for p, r in self.rows.items() if p >= pos0 - 1}
-        for i in range(len(tokens)):
-            keep[pos0 + i] = h[i]
-        d = self.open_draft
-        if d is not None and pos0 < d.start <= pos0 + len(tokens):
-            d.verified = True
-        self.rows = keep
-        self.fed = pos0 + len(tokens)
-
-    # the draft model interface --------------------------------------------------------------
-
-    def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
-        d = self.drafter
-        n_past = len(input_ids) - 1  # position of the last (sampled, not evaluated) token
-        # a rejected draft: the binding cut the target back to n_past; cut the draft context
-        # too (the verification batch left the target's row for n_past - 1) and draft again
-        self.sync(n_past)
-        if n_past != self.fed or n_past < 1:
-            return np.array([], dtype=np.intc)
-        n_draft = min(d.draft_max, d.n_ctx - n_past - 1)
-        drafts = d.propose(int(input_ids[-1]), n_past, n_draft)
-        self.open_draft = OpenDraft(n_past + 1, len(drafts)) if drafts else None
-        return np.array(drafts, dtype=np.intc)
-
-
 class _WithOurFields:
     """``self.<name> = params`` stores the binding's params with our fields set on them.
 
@@ -298,7 +191,7 @@ class Llama(llama_cpp.Llama):
         model_path: str,
         *args,
         draft: Optional[str] = None,
-        draft_max: int = 3,
+        draft_max: Union[int, str] = 3,
         draft_p_min: float = 0.0,
         devices: Optional[Sequence[str]] = None,
         split_mode: Union[str, int] = llama_cpp.LLAMA_SPLIT_MODE_LAYER,
@@ -330,8 +223,11 @@ class Llama(llama_cpp.Llama):
         # arguments first: a clear ValueError before anything is loaded
         if draft is not None and draft not in DRAFT_KINDS:
             raise ValueError(f"draft={draft!r}: the supported kinds are {DRAFT_KINDS} (or None)")
+        adaptive = draft_max == "auto"
+        if adaptive:  # the length adapts per step (draft_model.AdaptiveLength), up to its cap
+            draft_max = AdaptiveLength.CAP
         if isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1:
-            raise ValueError(f"draft_max must be an integer >= 1, got {draft_max!r}")
+            raise ValueError(f"draft_max must be an integer >= 1 or 'auto', got {draft_max!r}")
         if not (0.0 <= float(draft_p_min) <= 1.0):
             raise ValueError(f"draft_p_min must be in [0, 1], got {draft_p_min!r}")
         if workspace_mode not in WORKSPACE_MODES:
@@ -408,6 +304,7 @@ class Llama(llama_cpp.Llama):
             self._logits_all = bool(kwargs.get("logits_all", False))
             self._setup_mtp(draft_max, float(draft_p_min), phase_aware_workspace, workspace_mode,
                             allow_unsafe_workspace)
+            self._mtp.length = AdaptiveLength() if adaptive else None
             # a recurrent state can be cut back only inside its last decode: reuse checkpoints
             self._reuse.active = bool(self._is_recurrent or self._is_hybrid)
 
@@ -454,9 +351,12 @@ class Llama(llama_cpp.Llama):
         """The target decodes ``tokens``; the draft context follows it.
 
         Logits are asked for where the binding's sampling reads them and nowhere else (unless
-        ``logits_all``): the last token of a request's prompt (or of a plain ``eval``), every
-        position of the evaluations after it in the same request (the sampled token and its
-        drafts). No logits are copied: the sampler reads llama.cpp's own rows.
+        ``logits_all``): every position of a request's evaluations after its prompt (the
+        sampled token and its drafts), the last token of a plain ``eval``. A request's prompt
+        is decoded as llama.cpp's draft-mtp does it: its last token is held back, the head
+        drafts from it, and ``[last, drafts...]`` is decoded in one batch, every row sampled
+        by the binding (which keeps the drafts equal to what it samples). No logits are
+        copied: the sampler reads llama.cpp's own rows.
         """
         self._mtp.sync(self.n_tokens)
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
@@ -465,21 +365,34 @@ class Llama(llama_cpp.Llama):
         prompt = self._in_request and not self._verifying
         every_row = self._logits_all or self._verifying
         self._verifying = self._in_request
+        tokens = list(tokens)
         # chunks of n_batch at most; a request's prompt ends one at each checkpoint position
-        for start, n, checkpoint in self._reuse.chunks(self.n_tokens, len(tokens), self.n_batch, prompt):
-            chunk, n_past = list(tokens[start : start + n]), self.n_tokens
-            # the binding's batch: the last token gives logits, the others when every_row
-            self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=every_row)
-            self._ctx.decode(self._batch)
-            self.input_ids[n_past : n_past + n] = chunk
-            if self._logits_all:  # the user asked for every row (logprobs): keep them, as the binding does
-                self.scores[n_past : n_past + n, :] = np.ctypeslib.as_array(
-                    self._ctx.get_logits(), shape=(n, self._n_vocab))
-            self.n_tokens += n
-            self._mtp.target_decoded(chunk, n_past)
+        for start, n, checkpoint in self._reuse.chunks(self.n_tokens, len(tokens), self.n_batch, prompt,
+                                                       held_back=1 if prompt else 0):
+            # a prompt's chunks need no logits: the held-back token's batch below gives them
+            self._decode_chunk(tokens[start : start + n], "all" if every_row else "none" if prompt else "last")
             if checkpoint:
                 self._reuse.save(self)
+        if prompt and tokens:
+            last, n_past = tokens[-1], self.n_tokens
+            self._decode_chunk([last] + self._mtp.draft_at(last, n_past), "all")
         self._requires_eval = False
+
+    def _decode_chunk(self, chunk: List[int], rows: str) -> None:
+        """Decode ``chunk`` after ``n_tokens`` on the target, with logits for ``rows`` ("all",
+        "last", "none"; every row with ``logits_all``), and feed it to the draft context."""
+        n, n_past = len(chunk), self.n_tokens
+        every = self._logits_all or rows == "all"
+        self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=every)
+        if rows == "none" and not every:
+            self._batch.batch.logits[n - 1] = False
+        self._ctx.decode(self._batch)
+        self.input_ids[n_past : n_past + n] = chunk
+        if self._logits_all:  # the user asked for every row (logprobs): keep them, as the binding does
+            self.scores[n_past : n_past + n, :] = np.ctypeslib.as_array(
+                self._ctx.get_logits(), shape=(n, self._n_vocab))
+        self.n_tokens += n
+        self._mtp.target_decoded(chunk, n_past)
 
     def checkpoint_stats(self) -> dict:
         """Prompt reuse: :meth:`llama_metaws.checkpoints.PromptReuse.stats`."""

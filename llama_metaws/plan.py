@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
 from .errors import PlanError
+from .flags import AUTO_DRAFT_MAX, draft_max_value
 from .hf_config import WEIGHT_TYPES, write_gguf_from_hf_config
 from .params import set_fields
 from .vram.probe import device_keys
@@ -402,7 +403,8 @@ def add_arguments(p):
     p.add_argument("-np", "--parallel", type=int, default=1, help="sequences (n_seq_max)")
     p.add_argument("--spec-type", default="draft-mtp", choices=["none", "draft-mtp"],
                    help="draft-mtp (default): plan the MTP draft context too")
-    p.add_argument("--draft-max", type=int, default=3, help="recurrent rollback rows of the target (n_rs_seq)")
+    p.add_argument("--draft-max", type=draft_max_value, default=3,
+                   help=f"recurrent rollback rows of the target (n_rs_seq); auto: {AUTO_DRAFT_MAX}")
     p.add_argument("-fa", "--flash-attn", default="auto", choices=["auto", "on", "off"],
                    help="the target's flash attention (forced on under tensor split)")
     p.add_argument("-nkvo", "--no-kv-offload", action="store_true", help="KV cache in host memory")
@@ -424,7 +426,7 @@ def run_from_args(args) -> int:
         p = plan(args.model, hf_config=args.hf_config, devices=devices, split_mode=args.split_mode,
                  tensor_split=args.tensor_split, n_ctx=args.ctx_size, n_batch=args.batch_size,
                  n_ubatch=args.ubatch_size, n_seq_max=args.parallel, mtp=args.spec_type == "draft-mtp",
-                 draft_max=args.draft_max, flash_attn=args.flash_attn, no_kv_offload=args.no_kv_offload,
+                 draft_max=AUTO_DRAFT_MAX if args.draft_max == "auto" else args.draft_max, flash_attn=args.flash_attn, no_kv_offload=args.no_kv_offload,
                  cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                  weight_type=args.weight_type, verbose=args.verbose)
     except ValueError as e:

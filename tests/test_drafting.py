@@ -1,4 +1,4 @@
-"""The drafting path pays only what llama.cpp pays: one logits row for a prompt, a draft on
+"""The drafting path pays only what llama.cpp pays: no logits row for a prompt but the last, a draft on
 every step, the draft context derived from the target's, logprobs as without drafting."""
 
 import numpy as np
@@ -34,20 +34,23 @@ def _count_outputs(llm):
     return seen
 
 
-def test_a_prompt_asks_llama_for_one_output_row(half_path):
+def test_a_prompt_asks_llama_for_no_row_but_where_it_samples(half_path):
     with Llama(half_path, draft="mtp", draft_max=3, **KW) as llm:
         seen = _count_outputs(llm)
         n_prompt = len(llm.tokenize(LONG_PROMPT.encode()))
-        assert n_prompt > KW["n_batch"]  # chunked: every chunk asks for at most one row
+        assert n_prompt > KW["n_batch"]  # chunked
         llm.create_completion(LONG_PROMPT, max_tokens=12, temperature=0.0)
-        # the prompt's decodes come first (its chunks end at n_batch and at the checkpoints)
-        k = next(i for i in range(len(seen) + 1) if sum(n for n, _ in seen[:i]) >= n_prompt)
+        # the prompt but its last token comes first (its chunks end at n_batch and at the
+        # checkpoints), asking for no logits at all
+        k = next(i for i in range(len(seen) + 1) if sum(n for n, _ in seen[:i]) >= n_prompt - 1)
         prompt_decodes = seen[:k]
-        assert sum(n for n, _ in prompt_decodes) == n_prompt
-        assert all(outputs == 1 for _, outputs in prompt_decodes), prompt_decodes
-        # verification batches: the sampled token and its drafts, every position sampled
+        assert sum(n for n, _ in prompt_decodes) == n_prompt - 1
+        assert all(outputs == 0 for _, outputs in prompt_decodes), prompt_decodes
+        # then, as llama.cpp's draft-mtp does: the held-back last token with a draft from it,
+        # and the verification batches: every position sampled
         steps = seen[k:]
-        assert steps and all(outputs == n for n, outputs in steps), steps
+        assert steps[0][0] == 1 + 3, steps  # draft_max drafts after the last prompt token
+        assert all(outputs == n for n, outputs in steps), steps
 
 
 def test_logits_all_asks_for_every_row(half_path):
@@ -148,3 +151,56 @@ def test_p_min_is_llama_cpps_top_10_probability():
     # the long tail does not dilute it (over the whole vocabulary it would be far lower)
     logits[10:] = 3.0
     assert abs(_top_probability(logits) - want) < 1e-6
+
+
+def test_adaptive_length_follows_acceptance():
+    from llama_metaws.draft_model import AdaptiveLength
+
+    a = AdaptiveLength()
+    assert a.n == AdaptiveLength.START
+    for _ in range(10):  # drafts accepted in full: up to the cap, no further
+        a.update(a.n, a.n)
+    assert a.n == AdaptiveLength.CAP
+    a.update(a.n, 1)
+    assert a.n == AdaptiveLength.CAP - 1
+    for _ in range(10):  # rejections: down to one token, no further
+        a.update(a.n, 0)
+    assert a.n == 1
+    a.update(0, 0)  # no draft (the context's end): no change
+    assert a.n == 1
+
+
+def test_draft_max_auto_adapts_and_keeps_the_output(half_path, models_dir):
+    full = str(make_tiny_mtp_model(models_dir / "drafting-full.gguf", seed=31, agreement=1.0))
+    for path, grows in ((full, True), (half_path, False)):
+        with Llama(path, **KW) as plain:
+            want = plain.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
+        with Llama(path, draft="mtp", draft_max="auto", **KW) as llm:
+            asked = []
+            propose = llm.draft_model.drafter.propose
+
+            def counting(last, pos0, n_draft):
+                asked.append(n_draft)
+                return propose(last, pos0, n_draft)
+
+            llm.draft_model.drafter.propose = counting
+            got = llm.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
+            assert got == want
+            assert llm.context_params.n_rs_seq >= max(asked)
+        if grows:  # a head that always agrees: the drafts grow to the cap
+            assert asked[0] == 3 and max(asked) == llm.draft_model.length.CAP, asked
+        else:  # rejections on most steps: the length falls below the start
+            assert min(asked) < 3 and len(set(asked)) > 1, asked
+
+
+def test_draft_max_auto_on_the_command_line():
+    import argparse
+
+    from llama_metaws.flags import draft_max_value
+
+    assert draft_max_value("auto") == "auto" and draft_max_value("4") == 4
+    for bad in ("0", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            draft_max_value(bad)
+    with pytest.raises(ValueError, match="'auto'"):
+        Llama("unused.gguf", draft="mtp", draft_max="sometimes")

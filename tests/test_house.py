@@ -241,7 +241,7 @@ def test_params_that_did_not_reach_llama_are_an_error(tiny_mtp_model, monkeypatc
 
 
 def test_drafting_needs_no_private_method_of_the_drafter():
-    src = (PKG / "llama.py").read_text()
+    src = (PKG / "draft_model.py").read_text()
     tree = ast.parse(src)
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MTPDraftModel")
     private = sorted({a.attr for a in ast.walk(cls) if isinstance(a, ast.Attribute)

@@ -76,8 +76,9 @@ def test_a_prompt_diverging_after_a_checkpoint_restores_it(agree_path, random_pa
     path, sampling, seed = (agree_path, GREEDY, None) if mode == "greedy" else (random_path, SAMPLED, 3)
     with Llama(path, draft="mtp", checkpoint_every=EVERY, **KW) as llm:
         run(llm, P1, 12, seed=seed, **sampling)
-        # every 16 tokens, 4 before the end (llama-server's choice) and at the end
-        assert llm.checkpoint_stats()["positions"] == [16, 32, 36, 40]
+        # every 16 tokens, 4 before the end (llama-server's choice) and at the end of what the
+        # prompt decodes before its last token (held back, decoded with the first draft)
+        assert llm.checkpoint_stats()["positions"] == [16, 32, 36, 39]
         p2 = P1[:35] + NEW  # diverges at 35: the newest checkpoint inside is at 32
         a2 = run(llm, p2, 12, seed=seed, **sampling)
         t, stats = llm.timings(), llm.checkpoint_stats()
@@ -177,10 +178,11 @@ def test_llama_ram_cache_with_drafting(agree_path):
     assert got == want
 
 
-def test_the_same_prompt_again_restores_the_checkpoint_before_its_last_tokens(agree_path):
+def test_the_same_prompt_again_restores_the_checkpoint_before_its_last_token(agree_path):
     with Llama(agree_path, draft="mtp", checkpoint_every=0, **KW) as llm:
         first = run(llm, P1, 10)  # from scratch: the reference
-        assert llm.checkpoint_stats()["positions"] == [len(P1) - 4, len(P1)]
+        assert llm.checkpoint_stats()["positions"] == [len(P1) - 4, len(P1) - 1]
         again = run(llm, P1, 10)
-        assert llm.timings()["cache_n"] == len(P1) - 4 and llm.timings()["prompt_n"] == 4
+        # the checkpoint where the prompt's decoding stopped before its held-back last token
+        assert llm.timings()["cache_n"] == len(P1) - 1 and llm.timings()["prompt_n"] == 1
     assert again == first

@@ -1,0 +1,159 @@
+"""The model's MTP head as a llama-cpp-python draft model (:class:`MTPDraftModel`).
+
+The binding's ``Llama.generate`` asks its draft model for tokens after each sampled one;
+:class:`MTPDraftModel` answers from the model's MTP (NextN) head in a second context, kept in
+step with the target by :meth:`llama_metaws.llama.Llama.eval` (every decoded batch is handed to
+:meth:`MTPDraftModel.target_decoded`). It drives :class:`~llama_metaws.mtp.MTPDrafter` through
+its public step-by-step calls only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from ._binding import LlamaDraftModel
+from .flags import AUTO_DRAFT_MAX
+from .mtp import DraftStats, MTPDrafter
+
+__all__ = ["AdaptiveLength", "DraftStatsReport", "MTPDraftModel", "OpenDraft"]
+
+
+class AdaptiveLength:
+    """``draft_max="auto"``: the draft length, adapted after every verified draft.
+
+    A draft accepted in full lengthens the next one by a token, any rejection shortens it by one
+    (the rule of upstream's adaptive draft-mtp proposals), between 1 and :attr:`CAP`. It starts
+    at :attr:`START`. The cap bounds what the contexts are sized for (the verification batch,
+    a recurrent target's rollback snapshots ``n_rs_seq``).
+    """
+
+    CAP = AUTO_DRAFT_MAX
+    START = 3
+
+    def __init__(self) -> None:
+        self.n = self.START
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted >= self.n and accepted >= drafted:
+            self.n = min(self.CAP, self.n + 1)
+        elif accepted < drafted:
+            self.n = max(1, self.n - 1)
+
+
+class DraftStatsReport:
+    """Draft statistics: ``last`` (the last request) and ``total`` (since the model loaded)."""
+
+    def __init__(self) -> None:
+        self.last = DraftStats()
+        self.total = DraftStats()
+
+    def __repr__(self) -> str:
+        return (f"DraftStatsReport(last={self.last} acceptance={self.last.acceptance:.3f}, "
+                f"total={self.total} acceptance={self.total.acceptance:.3f})")
+
+
+@dataclasses.dataclass
+class OpenDraft:
+    """A draft handed to the binding and awaiting its verdict."""
+
+    start: int              # the position of the first draft token
+    count: int              # how many tokens were drafted
+    verified: bool = False  # the target has decoded them (the sampling since says what it kept)
+
+
+class MTPDraftModel(LlamaDraftModel):
+    """The model's MTP head as a llama-cpp-python draft model.
+
+    It keeps the draft context in step with the target: :meth:`Llama.eval` hands it every
+    decoded batch (:meth:`target_decoded`), and before each evaluation :meth:`sync` cuts it
+    back to where the target was cut (a rejected draft, a reset, a reused prefix). Called with
+    the tokens so far (the last one sampled, not yet evaluated), it drafts from that token and
+    the target's hidden row before it. It drives :class:`~llama_metaws.mtp.MTPDrafter` through
+    its step-by-step interface (``rewind_draft``, ``follow_target``, ``propose``).
+    """
+
+    def __init__(self, drafter: MTPDrafter, stats: DraftStatsReport):
+        self.drafter = drafter
+        self.stats = stats
+        self.fed = 0                  # positions the draft context holds
+        self.rows = {}                # position -> the target's hidden row (recent ones)
+        self.open_draft: Optional[OpenDraft] = None
+        self.length: Optional[AdaptiveLength] = None  # draft_max="auto"
+
+    # the target's side ----------------------------------------------------------------------
+
+    def sync(self, n_tokens: int) -> None:
+        """The target holds ``n_tokens`` positions: settle the last draft, cut the draft context."""
+        self._settle(n_tokens)
+        if n_tokens == 0:
+            self.drafter.rewind_draft(0)
+            self.fed = 0
+            self.rows.clear()
+        elif self.fed > n_tokens:
+            # the row of the last kept position, when it is still known
+            self.drafter.rewind_draft(n_tokens, self.rows.get(n_tokens - 1))
+            self.fed = n_tokens
+
+    def _settle(self, n_tokens: int) -> None:
+        """Count the open draft once it was verified: the sampling since kept what it accepted."""
+        d = self.open_draft
+        if d is None or not d.verified:
+            return
+        accepted = max(0, min(n_tokens, d.start + d.count) - d.start)
+        if self.length is not None:
+            self.length.update(d.count, accepted)
+        for s in (self.stats.last, self.stats.total):
+            s.drafted += d.count
+            s.accepted += accepted
+            s.steps += 1
+        self.open_draft = None
+
+    def restart_at(self, n_tokens: int, row: Optional[np.ndarray]) -> None:
+        """The target was put back at ``n_tokens`` (a checkpoint, a loaded state): keep the draft
+        context's positions before it; the next token pairs with ``row`` (None: a zero row)."""
+        self.open_draft, self.fed, self.rows = None, n_tokens, {} if row is None else {n_tokens - 1: row}
+        self.drafter.rewind_draft(n_tokens, row)
+
+    def discard_open_draft(self) -> None:
+        """A request ended: a draft verified but not settled is not counted (its positions were
+        never all sampled)."""
+        self.open_draft = None
+
+    def target_decoded(self, tokens: Sequence[int], pos0: int) -> None:
+        """The target decoded ``tokens`` at ``pos0``: feed the draft, token p with row p-1."""
+        if pos0 != self.fed:  # out of step (should not happen): start the draft afresh
+            self.sync(0)
+            if pos0 != 0:
+                return
+        h = self.drafter.follow_target(tokens, pos0)
+        keep = {p: r for p, r in self.rows.items() if p >= pos0 - 1}
+        for i in range(len(tokens)):
+            keep[pos0 + i] = h[i]
+        d = self.open_draft
+        if d is not None and pos0 < d.start <= pos0 + len(tokens):
+            d.verified = True
+        self.rows = keep
+        self.fed = pos0 + len(tokens)
+
+    # the draft model interface --------------------------------------------------------------
+
+    def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
+        n_past = len(input_ids) - 1  # position of the last (sampled, not evaluated) token
+        # a rejected draft: the binding cut the target back to n_past; cut the draft context
+        # too (the verification batch left the target's row for n_past - 1) and draft again
+        self.sync(n_past)
+        return np.array(self.draft_at(int(input_ids[-1]), n_past), dtype=np.intc)
+
+    def draft_at(self, last: int, n_past: int) -> List[int]:
+        """Drafts continuing ``last`` at position ``n_past`` (not yet decoded on the target,
+        which holds the positions before it); none when the draft context is not there."""
+        d = self.drafter
+        if n_past != self.fed or n_past < 1:
+            return []
+        n_max = d.draft_max if self.length is None else self.length.n
+        drafts = d.propose(last, n_past, min(n_max, d.n_ctx - n_past - 1))
+        self.open_draft = OpenDraft(n_past + 1, len(drafts)) if drafts else None
+        return drafts
