@@ -7,7 +7,9 @@ block; cached by its arguments) at several agreement rates:
 * ``plugin, no drafting``: ``llama_metaws.Llama`` without a draft;
 * ``plugin MTP``: ``Llama(draft="mtp", draft_max=k, phase_aware_workspace=True)``;
 * ``llama.cpp draft-mtp``: ``llama-speculative-simple --spec-type draft-mtp --spec-draft-n-max k``;
-* ``llama-bench``: llama.cpp's own prompt (pp) and decode (tg) speed, no drafting.
+* ``llama-bench``: llama.cpp's own prompt (pp) and decode (tg) speed, no drafting;
+* ``plugin MTP auto``: ``Llama(draft="mtp", draft_max="auto")``, the adaptive draft length
+  (``--no-auto`` leaves it out).
 
 Every configuration runs in a child process of its own (the plugin's through this script's
 ``--child``), so its peak RSS (``getrusage`` of that child) is its own. The tools come from
@@ -101,7 +103,7 @@ def _wait(cmd: List[str], timeout: float) -> Tuple[int, str, str, int]:
             ru.ru_maxrss * 1024
 
 
-def run_plugin(model: Path, draft_max: int, a: argparse.Namespace) -> dict:
+def run_plugin(model: Path, draft_max, a: argparse.Namespace) -> dict:
     spec = dict(model=str(model), draft_max=draft_max, threads=a.threads, tokens=a.tokens,
                 prompt=prompt_text(a.prompt_tokens))
     rc, out, err, rss = _wait([sys.executable, __file__, "--child", json.dumps(spec)], a.timeout)
@@ -187,6 +189,8 @@ def measure(a: argparse.Namespace) -> dict:
                         (f"llama.cpp k={k}", lambda ag=ag, k=k: run_speculative(
                             tools["llama-speculative-simple"], models[ag], k, a))]
                 jobs += pair if (rep + k) % 2 == 0 else pair[::-1]
+            if a.auto:
+                jobs.append(("plugin MTP auto", lambda ag=ag: run_plugin(models[ag], "auto", a)))
             if rep % 2:
                 jobs = jobs[::-1]
             for name, job in jobs:
@@ -241,7 +245,8 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         f"Peak RSS is the child's (file-backed model pages included). Acceptance is not the "
         f"agreement rate: the head's agreeing positions follow a regular pattern along the cycle, "
         f"and a drafting loop's steps can fall in phase with it (k=1 at agreement 0.5 drafts "
-        f"mostly agreeing positions); both run the same models, so the comparison holds.",
+        f"mostly agreeing positions); both loops start alike (the prompt's last token held back, "
+        f"the first draft made from it), so they visit the same positions.",
         "",
         "| agreement | configuration | decode t/s | prompt t/s | acceptance | peak RSS MiB |",
         "|---:|---|---:|---:|---:|---:|",
@@ -273,6 +278,19 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         f"{name} {'yes' if ok else 'no'}" for name, ok in
         (("decode", verdict["decode"]), ("speed-up", verdict["speedup"]),
          ("prompt", verdict["prompt"]), ("acceptance", verdict["accept"]))) + "."]
+    if a.auto:
+        lines += ["", "`draft_max=\"auto\"` (the adaptive length), decode t/s against the plugin's default "
+                  "k=3, its best fixed k and llama.cpp's best k in the same run:", "",
+                  "| agreement | auto t/s | / plugin k=3 | / plugin's best k | / llama.cpp's best k | acceptance |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for ag, cfgs in s.items():
+            auto = cfgs["plugin MTP auto"]
+            best_p = max(cfgs[f"plugin MTP k={k}"]["decode"] for k in a.draft_max)
+            best_c = max(cfgs[f"llama.cpp k={k}"]["decode"] for k in a.draft_max)
+            k3 = cfgs.get("plugin MTP k=3", {}).get("decode", float("nan"))
+            lines.append(f"| {ag:.1f} | {auto['decode']:.2f} | {auto['decode'] / k3:.2f} | "
+                         f"{auto['decode'] / best_p:.2f} | {auto['decode'] / best_c:.2f} | "
+                         f"{_f(auto['accept'], '.3f')} |")
     nb = {ag: cfgs["no drafting"] for ag, cfgs in s.items()}
     lb = {ag: cfgs["llama-bench"] for ag, cfgs in s.items()}
     lines += ["", "Without drafting, plugin vs llama-bench: decode " + ", ".join(
@@ -303,6 +321,9 @@ def plot(m: dict, a: argparse.Namespace, label: str) -> Optional[Path]:
                 label=f"plugin MTP, k={k}")
         ax.plot(ags, [s[g][f"llama.cpp k={k}"]["decode"] for g in ags], "s--", color=f"C{i}",
                 label=f"llama.cpp draft-mtp, k={k}")
+    if a.auto:
+        ax.plot(ags, [s[g]["plugin MTP auto"]["decode"] for g in ags], "D-", color="black",
+                label="plugin MTP, draft_max=auto")
     ax.plot(ags, [s[g]["no drafting"]["decode"] for g in ags], "k:", label="plugin, no drafting")
     ax.plot(ags, [s[g]["llama-bench"]["decode"] for g in ags], color="grey", ls="-.", label="llama-bench tg")
     ax.set_xlabel("MTP head agreement with the target")
@@ -338,6 +359,8 @@ def main() -> None:
     ap.add_argument("--bench-reps", type=int, default=2, help="llama-bench -r (2)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration (900)")
     ap.add_argument("--label", default="", help="what this run measures (printed above the table)")
+    ap.add_argument("--no-auto", dest="auto", action="store_false",
+                    help="leave out the adaptive draft length (draft_max=\"auto\")")
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args()
     if a.child:
