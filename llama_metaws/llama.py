@@ -459,6 +459,9 @@ class Llama(llama_cpp.Llama):
         finally:
             inner.close()
             self._in_request = self._verifying = False
+            if self._mtp is not None:
+                # before the reuse bookkeeping cuts the draft context (which would settle it)
+                self._mtp.discard_open_draft()
             if reuse and sampled:
                 self._reuse.end(self, sampled)
             t_end = time.perf_counter()
@@ -466,8 +469,6 @@ class Llama(llama_cpp.Llama):
             cache_n = counts[0] or 0
             self._timings = _timings(n_prompt, cache_n, counts[1], n_out,
                                      (t_first or t_end) - t0, t_end - t_first if t_first else 0.0)
-            if self._mtp is not None:
-                self._mtp.discard_open_draft()
 
     def save_state(self) -> "llama_cpp.LlamaState":
         """The binding's state; with drafting, the draft context's too (``LlamaRAMCache`` works)."""

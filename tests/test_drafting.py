@@ -204,3 +204,13 @@ def test_draft_max_auto_on_the_command_line():
             draft_max_value(bad)
     with pytest.raises(ValueError, match="'auto'"):
         Llama("unused.gguf", draft="mtp", draft_max="sometimes")
+
+
+def test_a_draft_cut_by_max_tokens_is_not_counted_as_rejected(models_dir):
+    # a head that always agrees: whatever step the request stops in, nothing was rejected
+    full = str(make_tiny_mtp_model(models_dir / "drafting-full.gguf", seed=31, agreement=1.0))
+    with Llama(full, draft="mtp", draft_max=2, **KW) as llm:
+        for n in (9, 10, 11):
+            llm.create_completion(LONG_PROMPT, max_tokens=n, temperature=0.0)
+            st = llm.draft_stats.last
+            assert st.drafted > 0 and st.accepted == st.drafted, (n, st)
