@@ -22,25 +22,43 @@ __all__ = ["AdaptiveLength", "DraftStatsReport", "MTPDraftModel", "OpenDraft"]
 
 
 class AdaptiveLength:
-    """``draft_max="auto"``: the draft length, adapted after every verified draft.
+    """``draft_max="auto"``: the draft length chosen per step from the recent verdicts.
 
-    A draft accepted in full lengthens the next one by a token, any rejection shortens it by one
-    (the rule of upstream's adaptive draft-mtp proposals), between 1 and :attr:`CAP`. It starts
-    at :attr:`START`. The cap bounds what the contexts are sized for (the verification batch,
-    a recurrent target's rollback snapshots ``n_rs_seq``).
+    It keeps, for every draft depth ``d`` (1 to :attr:`CAP`), an estimate of how often a
+    draft's ``d``-th token is accepted once the ones before it were: a moving average of the
+    verdicts (weight :attr:`RATE`). A step drafts the leading depths whose estimate is at
+    least :attr:`KEEP`, none when the first is below it (a plain decode step: where the head
+    rarely agrees, drafting only costs). Every step each estimate drifts up by :attr:`RETRY`,
+    so a depth given up is tried again now and then. The cap bounds what the contexts are
+    sized for (the verification batch, a recurrent target's rollback snapshots ``n_rs_seq``).
     """
 
     CAP = AUTO_DRAFT_MAX
-    START = 3
+    KEEP = 0.5
+    RATE = 0.5
+    RETRY = 0.02
 
     def __init__(self) -> None:
-        self.n = self.START
+        self.p = [1.0] * self.CAP
+
+    @property
+    def n(self) -> int:
+        """Draft tokens the next step asks for."""
+        n = 0
+        while n < self.CAP and self.p[n] >= self.KEEP:
+            n += 1
+        return n
+
+    def next_step(self) -> int:
+        """A step starts: the estimates drift up; return its draft length."""
+        self.p = [min(1.0, p + self.RETRY) for p in self.p]
+        return self.n
 
     def update(self, drafted: int, accepted: int) -> None:
-        if drafted >= self.n and accepted >= drafted:
-            self.n = min(self.CAP, self.n + 1)
-        elif accepted < drafted:
-            self.n = max(1, self.n - 1)
+        """A draft of ``drafted`` tokens was verified, its first ``accepted`` kept."""
+        for d in range(min(drafted, accepted + 1)):  # depths with a verdict
+            hit = 1.0 if d < accepted else 0.0
+            self.p[d] += self.RATE * (hit - self.p[d])
 
 
 class DraftStatsReport:
@@ -153,7 +171,7 @@ class MTPDraftModel(LlamaDraftModel):
         d = self.drafter
         if n_past != self.fed or n_past < 1:
             return []
-        n_max = d.draft_max if self.length is None else self.length.n
-        drafts = d.propose(last, n_past, min(n_max, d.n_ctx - n_past - 1))
+        n_max = d.draft_max if self.length is None else self.length.next_step()
+        drafts = d.propose(last, n_past, min(n_max, d.n_ctx - n_past - 1)) if n_max else []
         self.open_draft = OpenDraft(n_past + 1, len(drafts)) if drafts else None
         return drafts

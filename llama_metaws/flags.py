@@ -25,7 +25,7 @@ AUTO_DRAFT_MAX = 6
 
 
 def draft_max_value(text: str):
-    """--draft-max: a count of tokens, or "auto" (a length adapted per step, at most AUTO_DRAFT_MAX)."""
+    """--draft-max: a count of tokens, or "auto" (a length chosen per step, at most AUTO_DRAFT_MAX)."""
     if text.strip().lower() == "auto":
         return "auto"
     try:
@@ -49,8 +49,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: draft-mtp drafts with the model's own MTP layers")
     p.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="draft_max",
                    type=draft_max_value, default=3,
-                   help=f"tokens drafted per step at most (default 3); auto: adapted per step from "
-                        f"the last drafts' acceptance, 1 to {AUTO_DRAFT_MAX}")
+                   help=f"tokens drafted per step at most (default 3); auto: chosen per step from "
+                        f"the recent acceptance at each depth, 0 to {AUTO_DRAFT_MAX}")
     p.add_argument("--draft-p-min", type=float, default=0.0)
     p.add_argument("--phase-aware-workspace", action="store_true",
                    help="share the target's and the draft's compute buffers (needs --spec-type draft-mtp)")

@@ -12,7 +12,7 @@ rows by :meth:`Llama.eval`, and the two contexts share a phase-aware workspace.
 New keyword arguments (llama.cpp's option names):
 
 - ``draft="mtp"`` drafts with the model's NextN layers (``None``, the default: no drafting);
-  ``draft_max`` (3) tokens per step at most (``"auto"``: a length adapted per step from the
+  ``draft_max`` (3) tokens per step at most (``"auto"``: a length chosen per step from the
   last steps' acceptance, see :class:`~llama_metaws.draft_model.AdaptiveLength`),
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
 - ``devices=["CPU", "CUDA0", ...]``: device names as llama.cpp prints them; the same CPU device
