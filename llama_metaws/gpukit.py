@@ -65,7 +65,7 @@ EXTRA_REQUIREMENTS = ("pytest>=7.4", "setuptools>=70")
 #: the suite compiles it against the patched ggml).
 KEEP = ("CMakeLists.txt", "LICENSE", "licenses", "cmake", "include", "src", "vendor", "ggml",
         "tests/test-alloc.cpp")
-KEEP_BACKENDS = ("ggml-cpu", "ggml-cuda")
+KEEP_BACKENDS = ("ggml-cpu", "ggml-cuda", "ggml-rpc")
 DROP = ("vendor/cpp-httplib",)
 
 #: The checkout's parts the kit carries (the build's source root and the tests).
