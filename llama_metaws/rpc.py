@@ -34,7 +34,7 @@ _MAX_DEVICES = 16
 
 
 class RPCServerError(LlamaMetawsError):
-    """An RPC server crashed, went away or answered garbage while a model used it."""
+    """An RPC server crashed, went away, refused a request or answered garbage while a model used it."""
 
 
 def _split_endpoint(text: str) -> tuple:
@@ -130,9 +130,9 @@ class RPCServers:
             check_error(lib.lmws_rpc_server_ok(ep.encode(), ok))
             if not ok[0]:
                 raise RPCServerError(
-                    f"the RPC server {ep} crashed, went away or answered garbage: the request "
-                    "cannot go on and this model's state is lost. Close this Llama, restart the "
-                    "server and load the model again")
+                    f"the RPC server {ep} crashed, went away, refused a request or answered "
+                    "garbage (its log says which): the request cannot go on and this model's state "
+                    "is lost. Close this Llama, restart the server and load the model again")
 
 
 def connect(rpc_servers: Union[None, str, Sequence[str]]) -> RPCServers:
