@@ -40,6 +40,14 @@ def _print_devices() -> None:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
+    if args.rpc:
+        from . import rpc
+
+        try:
+            rpc.connect(args.rpc)  # the servers' devices join the registry
+        except ValueError as e:
+            print(f"llama-metaws devices: {e}", file=sys.stderr)
+            return 2
     _print_devices()
     return 0
 
@@ -187,6 +195,7 @@ def make_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_cmd_build)
 
     d = sub.add_parser("devices", help="list ggml's devices")
+    d.add_argument("--rpc", metavar="SERVERS", help="also the devices of these RPC servers (host:port,...)")
     d.set_defaults(func=_cmd_devices)
 
     m = sub.add_parser("demo", help="the main job on the embedded default model",

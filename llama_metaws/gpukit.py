@@ -4,7 +4,7 @@
 default, well under the 64 MiB a device machine takes) holding:
 
 - ``llama.cpp.tar.gz``: the llama.cpp vendored in the pinned sdist with ``patches/series``
-  applied, trimmed to what the build of the libraries needs (the CPU and CUDA backends, no
+  applied, trimmed to what the build of the libraries needs (the CPU, CUDA and RPC backends, no
   tools, tests, docs, models or examples; see :data:`KEEP`), with its ``lmws-source.json``: the
   sdist hash, the patches it holds and the tree's hash. ``run.sh`` unpacks it and points
   ``LLAMA_METAWS_LLAMA_SOURCE`` at it, so the build never fetches the sdist;

@@ -171,10 +171,12 @@ PRODUCTION_LINES_MAX = 950
 # upstream pull request, is counted apart
 OTHER_CONCERNS = {"0011-llama-recurrent-seq_rm-refuses-what-its-snapshots-ca.patch": 80,
                   # tensor split across hosts (RPC devices): the meta backend's zero-size views
-                  # and names, the RPC client's soft failures, the relayed all-reduce
+                  # and names, the RPC client's soft failures, the relayed all-reduce, packed
+                  # 2-D copies
                   "0012-ggml-meta-zero-size-views-keep-an-in-range-offset-on.patch": 20,
                   "0014-ggml-rpc-a-lost-or-unreachable-server-fails-softly.patch": 90,
-                  "0015-ggml-meta-relay-host-staged-all-reduce-copies-with-e.patch": 50}
+                  "0015-ggml-meta-relay-host-staged-all-reduce-copies-with-e.patch": 50,
+                  "0016-ggml-rpc-2-D-tensor-copies-as-packed-commands.patch": 70}
 
 
 def _production_lines(patch: Path) -> int:

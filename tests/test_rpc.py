@@ -7,6 +7,7 @@ the client (run in a child process, so a hang or an abort would fail the test, n
 a wrong address is a ValueError at load.
 """
 
+import os
 import signal
 import subprocess
 import sys
@@ -84,6 +85,26 @@ def test_rpc_devices_combine_with_local_ones(servers, mtp_path, cpu_texts):
         assert _texts(llm) == cpu_texts
 
 
+def test_split_weights_go_up_in_packed_commands(mtp_path, tmp_path):
+    """Patch 0016: each device's slice of a split weight goes in packed SET_TENSOR commands, not
+    one per row; the servers count them (GGML_RPC_DEBUG logs a line per command served)."""
+    logs = [tmp_path / f"server{i}.log" for i in range(2)]
+    procs = [start_rpc_server(free_port(), env=dict(os.environ, GGML_RPC_DEBUG="1"), stderr=open(log, "w"))
+             for log in logs]
+    counts = {}
+    try:
+        for split_mode in ("layer", "tensor"):
+            before = sum(log.read_text().count("[set_tensor]") for log in logs)
+            Llama(mtp_path, rpc_servers=[p.endpoint for p in procs], split_mode=split_mode, **KW).close()
+            time.sleep(0.2)  # the servers' last lines
+            counts[split_mode] = sum(log.read_text().count("[set_tensor]") for log in logs) - before
+    finally:
+        for p in procs:
+            stop_process(p)
+    # row by row, tensor split took about 80 times layer split's commands (2,102 vs 27)
+    assert 0 < counts["layer"] and counts["tensor"] <= 3 * counts["layer"], counts
+
+
 def test_a_wrong_address_is_a_clear_error_at_load(mtp_path):
     port = free_port()  # nothing listens there
     with pytest.raises(ValueError, match=rf"cannot use the RPC server 127\.0\.0\.1:{port}: cannot connect"):
@@ -150,6 +171,13 @@ def test_generate_and_serve_take_rpc():
         kw = flags.llama_kwargs(args)
         assert rpc.parse_servers(kw["rpc_servers"]) == ["127.0.0.1:50052", "10.0.0.2:50052"]
     assert "rpc_servers" not in flags.llama_kwargs(parser.parse_args(["serve", "-m", "m.gguf"]))
+
+
+def test_devices_lists_the_servers_devices(servers):
+    res = subprocess.run([sys.executable, "-m", "llama_metaws", "devices", "--rpc", ",".join(servers)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert all(ep in res.stdout for ep in servers) and "RPC1" in res.stdout, res.stdout
 
 
 def test_generate_over_rpc_from_the_command_line(servers, mtp_path, cpu_texts):
