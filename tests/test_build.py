@@ -219,8 +219,7 @@ print(json.dumps(sorted(paths)))
 
 
 def test_one_copy_of_each_library_from_our_build():
-    import dataclasses
-import json
+    import json
 
     res = subprocess.run([sys.executable, "-c", MAPS_SCRIPT], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
