@@ -175,6 +175,19 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
         f"Tensor over RPC vs layer over RPC: {t_plain / med[('layer', None)]:.2f}x without drafting, "
         f"{t_mtp / med[('layer', 'mtp')]:.2f}x with; MTP drafting under tensor over RPC: "
         f"{t_mtp / t_plain:.2f}x.",
+        "",
+        "The tiny model makes each decode cheap (about a millisecond locally), so fixed costs "
+        "dominate, every network round trip above all. Drafting is slower than none even locally "
+        "on this model and machine: the head agrees on half its tokens, and the target's "
+        "verification decodes took far longer than single-token ones and varied a lot from run to "
+        "run (main's build alike; not studied here), so compare the drafting rows with each other. "
+        "Tensor split "
+        "pays about 10 round trips per token without drafting (two GET_TENSOR per all-reduce, one "
+        "all-reduce after attention and one after the FFN of each trunk layer, and the logits' "
+        "slices), layer split 2. What patches 0015 and 0016 changed: `bench_rpc_relay.py` below "
+        "(the all-reduce's GETs overlapped: same count, less waiting) and the `load SET_TENSOR` "
+        "column (2,102 under tensor split before 0016, now packed). Graphs are still re-sent every "
+        "token under tensor split (GRAPH_COMPUTE, not GRAPH_RECOMPUTE).",
     ]
     return _doc.publish("bench_rpc", "\n".join(lines), write)
 
