@@ -512,9 +512,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In a child before exec (Linux): SIGKILL when the parent dies, even by an abort."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start_rpc_server(port: int, host: str = "127.0.0.1", *, wait: float = 30.0, env=None, stderr=None):
-    """``llama-metaws rpc-server`` on one CPU thread, as a child process (``.endpoint`` set);
-    waits until it accepts connections (``wait`` seconds at most; 0: not at all)."""
+    """``llama-metaws rpc-server`` on one CPU thread, as a child process (``.endpoint`` set) that
+    dies with its parent; waits until it accepts connections (``wait`` seconds at most; 0: not)."""
     import socket
     import subprocess
     import sys
@@ -524,7 +535,7 @@ def start_rpc_server(port: int, host: str = "127.0.0.1", *, wait: float = 30.0, 
         [sys.executable, "-m", "llama_metaws", "rpc-server", "--host", host, "--port", str(port),
          "-t", "1", "--device", "CPU"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if stderr is None else stderr, text=True,
-        env=env)
+        env=env, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     proc.endpoint = f"{host}:{port}"
     deadline = time.monotonic() + wait
     while wait:
