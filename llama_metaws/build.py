@@ -52,7 +52,9 @@ VENDOR_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 # Bump when the steps below change in a way that changes what they produce.
 RECIPE_VERSION = 1
 
-# What the binding needs, nothing more: no common library, tools, tests or the app.
+# What the binding needs, nothing more: no common library, tools, tests or the app. The RPC
+# backend is on for everyone (``rpc_servers=``, ``llama-metaws rpc-server``); these arguments
+# join the key (``BuildInputs.base_cmake_args``), so changing them is a new build.
 BASE_CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=ON",
@@ -63,6 +65,7 @@ BASE_CMAKE_ARGS = (
     "-DLLAMA_BUILD_SERVER=OFF",
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_RPC=ON",
     "-DCMAKE_INSTALL_LIBDIR=lib",
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
 )
@@ -167,6 +170,7 @@ class BuildInputs:
     recipe: int = RECIPE_VERSION
     # "" for the sdist; "pre-patched:<tree sha256>" for a pre-patched source (PATCHED_SOURCE_ENV)
     source: str = ""
+    base_cmake_args: tuple = BASE_CMAKE_ARGS  # the arguments every build gets (before cmake_args)
 
     @classmethod
     def collect(
@@ -484,7 +488,7 @@ def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *,
         env = dict(os.environ, CCACHE_BASEDIR=str(work), CCACHE_NOHASHDIR="1")
         step(4, "cmake " + (" ".join(inputs.cmake_args) or "(CPU, no CMAKE_ARGS)"))
         bdir = work / "cmake-build"
-        cmd = [_cmake(), "-S", str(src), "-B", str(bdir), *_generator_args(), *BASE_CMAKE_ARGS,
+        cmd = [_cmake(), "-S", str(src), "-B", str(bdir), *_generator_args(), *inputs.base_cmake_args,
                f"-DCMAKE_INSTALL_PREFIX={work}", *inputs.cmake_args]
         _run_streamed(cmd, None, lambda line: None, "configure step: cmake", env)
 

@@ -1,4 +1,5 @@
-"""``llama-metaws``: build the patched llama.cpp, list devices, run the demo, plan memory, make the GPU run kit."""
+"""``llama-metaws``: build the patched llama.cpp, list devices, run the demo, plan memory, make the
+GPU run kit, generate, serve, and serve this host's devices over ggml's RPC."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def _print_devices() -> None:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
+    if args.rpc:
+        from . import rpc
+
+        try:
+            rpc.connect(args.rpc)  # the servers' devices join the registry
+        except ValueError as e:
+            print(f"llama-metaws devices: {e}", file=sys.stderr)
+            return 2
     _print_devices()
     return 0
 
@@ -149,6 +158,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rpc_server(args: argparse.Namespace) -> int:
+    from . import rpc
+
+    devices = [d.strip() for d in args.device.split(",") if d.strip()] if args.device else None
+    try:
+        return rpc.serve(args.host, args.port, args.threads, devices, args.cache)
+    except ValueError as e:
+        print(f"llama-metaws rpc-server: {e}", file=sys.stderr)
+        return 2
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .server import serve
 
@@ -175,6 +195,7 @@ def make_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_cmd_build)
 
     d = sub.add_parser("devices", help="list ggml's devices")
+    d.add_argument("--rpc", metavar="SERVERS", help="also the devices of these RPC servers (host:port,...)")
     d.set_defaults(func=_cmd_devices)
 
     m = sub.add_parser("demo", help="the main job on the embedded default model",
@@ -263,6 +284,22 @@ def make_parser() -> argparse.ArgumentParser:
     flags.add_model_flags(sv)
     flags.add_server_flags(sv)
     sv.set_defaults(func=_cmd_serve)
+
+    rs = sub.add_parser("rpc-server", allow_abbrev=False,
+                        help="ggml's RPC server from this build: this host's devices for --rpc",
+                        description="Serve this host's devices to clients' --rpc / rpc_servers (ggml's "
+                        "rpc-server, with its flags). The protocol has no authentication: bind "
+                        "127.0.0.1 (the default) or a trusted private network only; another address "
+                        "prints a warning. Runs until killed.")
+    rs.add_argument("-H", "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    rs.add_argument("-p", "--port", type=int, default=50052, help="port to bind (default 50052)")
+    rs.add_argument("-t", "--threads", type=int, default=None,
+                    help="threads of the CPU device (default: half the cores)")
+    rs.add_argument("-d", "--device", help="comma-separated devices to serve (default: the "
+                    "accelerators, else the CPU)")
+    rs.add_argument("-c", "--cache", action="store_true",
+                    help="cache large tensors in $LLAMA_CACHE/rpc (default ~/.cache/llama.cpp/rpc)")
+    rs.set_defaults(func=_cmd_rpc_server)
     return p
 
 

@@ -41,10 +41,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     """llama.cpp's own flags, so its command lines map one to one."""
     p.add_argument("-m", "--model", required=True, help="GGUF model file")
     p.add_argument("-dev", "--device", help="comma-separated devices, as llama.cpp prints them (e.g. CPU,CPU)")
+    p.add_argument("--rpc", metavar="SERVERS",
+                   help="comma-separated ggml RPC servers, host:port (llama-metaws rpc-server); their "
+                   "devices come first unless --device names devices (RPC0, RPC1, ...)")
     p.add_argument("-sm", "--split-mode", default="layer", choices=["none", "layer", "row", "tensor"])
     p.add_argument("-ts", "--tensor-split", type=parse_floats, help="fractions per device, e.g. 0.55,0.45")
     p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None,
-                   help="layers on the devices (default: all when --device is given, else 0)")
+                   help="layers on the devices (default: all when --device or --rpc is given, else 0)")
     p.add_argument("--spec-type", default="none", choices=["none", "draft-mtp"],
                    help="speculative decoding: draft-mtp drafts with the model's own MTP layers")
     p.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="draft_max",
@@ -108,6 +111,8 @@ def llama_kwargs(args: argparse.Namespace) -> dict:
         kw["flash_attn"] = False
     if args.device:
         kw["devices"] = [d.strip() for d in args.device.split(",") if d.strip()]
+    if args.rpc:
+        kw["rpc_servers"] = args.rpc
     if args.n_gpu_layers is not None:
         kw["n_gpu_layers"] = args.n_gpu_layers
     if args.threads is not None:

@@ -4,7 +4,7 @@
 default, well under the 64 MiB a device machine takes) holding:
 
 - ``llama.cpp.tar.gz``: the llama.cpp vendored in the pinned sdist with ``patches/series``
-  applied, trimmed to what the build of the libraries needs (the CPU and CUDA backends, no
+  applied, trimmed to what the build of the libraries needs (the CPU, CUDA and RPC backends, no
   tools, tests, docs, models or examples; see :data:`KEEP`), with its ``lmws-source.json``: the
   sdist hash, the patches it holds and the tree's hash. ``run.sh`` unpacks it and points
   ``LLAMA_METAWS_LLAMA_SOURCE`` at it, so the build never fetches the sdist;
@@ -65,7 +65,7 @@ EXTRA_REQUIREMENTS = ("pytest>=7.4", "setuptools>=70")
 #: the suite compiles it against the patched ggml).
 KEEP = ("CMakeLists.txt", "LICENSE", "licenses", "cmake", "include", "src", "vendor", "ggml",
         "tests/test-alloc.cpp")
-KEEP_BACKENDS = ("ggml-cpu", "ggml-cuda")
+KEEP_BACKENDS = ("ggml-cpu", "ggml-cuda", "ggml-rpc")
 DROP = ("vendor/cpp-httplib",)
 
 #: The checkout's parts the kit carries (the build's source root and the tests).

@@ -17,6 +17,9 @@ New keyword arguments (llama.cpp's option names):
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
 - ``devices=["CPU", "CUDA0", ...]``: device names as llama.cpp prints them; the same CPU device
   may be listed twice (a CPU test bed); with devices, ``n_gpu_layers`` defaults to all layers;
+- ``rpc_servers=["host:port", ...]`` (or llama.cpp's ``--rpc`` string ``"h1:p1,h2:p2"``): ggml
+  RPC servers (:mod:`llama_metaws.rpc`), whose devices (``RPC0``, ...) come first by default,
+  then the local GPUs; a lost server raises :class:`~llama_metaws.rpc.RPCServerError`;
 - ``split_mode``: ``"none" | "layer" | "row" | "tensor"`` or the binding's integers, with
   ``tensor_split``;
 - ``n_seq_max`` (llama.cpp's ``-np``): sequences the contexts hold;
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from typing import List, Optional, Sequence, Union
 
@@ -39,6 +41,8 @@ import numpy as np
 from . import devices as _devices
 from ._binding import _internals, llama_cpp
 from . import checkpoints as _ckpt
+from . import rpc as _rpc
+from .guard import RequestGuard
 from .loading import split_mode_value
 from .gguf_meta import check_complete, read_keys
 from .draft_model import AdaptiveLength, DraftStatsReport, MTPDraftModel
@@ -64,74 +68,6 @@ def _gguf_nextn_layers(path: str) -> tuple:
             raise
         raise ValueError(f"{path} is not a readable GGUF model (truncated?): {e}") from None
     return arch, int(n)
-
-
-class RequestGuard:
-    """One request at a time on an instance, whichever threads run it.
-
-    A plain ``threading.Lock``, owned by no thread: a request takes it when it starts and gives
-    it back when it ends, on whatever thread that happens (a server advances a stream on any
-    free worker thread, and a dropped stream is closed or garbage-collected on any thread). The
-    ticket :meth:`acquire` returns is the request's; :meth:`release` with a stale ticket does
-    nothing, so a request cannot free another's hold. While a thread runs a step of the request
-    (:meth:`running`) it is marked with the ticket, so an :meth:`hold` from inside that step
-    (``generate`` calling ``eval``) goes on without waiting for itself.
-
-    A request waits for the one before it to end, whoever ends it: a thread that starts a second
-    request while a stream it holds is still open waits until that stream is finished, closed or
-    dropped elsewhere, so finish or close a stream before starting another on the same thread.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ticket: Optional[object] = None
-        self._local = threading.local()
-
-    def acquire(self, timeout: float = -1) -> Optional[object]:
-        """Wait for the instance (``timeout`` seconds; -1: no limit); the ticket, or None."""
-        if not self._lock.acquire(timeout=timeout):
-            return None
-        ticket = self._ticket = object()
-        return ticket
-
-    def release(self, ticket: Optional[object]) -> None:
-        """Give the instance back, if ``ticket`` still holds it."""
-        if ticket is not None and self._ticket is ticket:
-            self._ticket = None
-            self._lock.release()
-
-    @property
-    def busy(self) -> bool:
-        """A request holds the instance."""
-        return self._lock.locked()
-
-    def inside(self) -> bool:
-        """This thread is running a step of the request that holds the instance."""
-        ticket = getattr(self._local, "ticket", None)
-        return ticket is not None and ticket is self._ticket
-
-    @contextlib.contextmanager
-    def running(self, ticket: object):
-        """Mark this thread as running a step of the request ``ticket``."""
-        previous = getattr(self._local, "ticket", None)
-        self._local.ticket = ticket
-        try:
-            yield
-        finally:
-            self._local.ticket = previous
-
-    @contextlib.contextmanager
-    def hold(self):
-        """Hold the instance for a block, unless this thread already runs the holding request."""
-        if self.inside():
-            yield
-            return
-        ticket = self.acquire()
-        try:
-            with self.running(ticket):
-                yield
-        finally:
-            self.release(ticket)
 
 
 def _timings(n_prompt: int, cache_n: int, prompt_n: int, predicted_n: int, prompt_s: float,
@@ -194,6 +130,7 @@ class Llama(llama_cpp.Llama):
         draft_max: Union[int, str] = 3,
         draft_p_min: float = 0.0,
         devices: Optional[Sequence[str]] = None,
+        rpc_servers: Union[None, str, Sequence[str]] = None,
         split_mode: Union[str, int] = llama_cpp.LLAMA_SPLIT_MODE_LAYER,
         tensor_split: Optional[List[float]] = None,
         phase_aware_workspace: bool = True,
@@ -245,6 +182,9 @@ class Llama(llama_cpp.Llama):
             raise ValueError(f"n_seq_max must be an integer >= 1, got {n_seq_max!r}")
         model_fields, context_fields = {}, {"n_seq_max": n_seq_max}
         self._device_list = None
+        self._rpc = _rpc.connect(rpc_servers)  # ValueError for a bad or unreachable server
+        if self._rpc and not devices:
+            devices = self._rpc.default_devices()
         if devices:
             self._device_list = _devices.DeviceList(list(devices))  # ValueError lists the devices
             model_fields["devices"] = self._device_list.pointer
@@ -307,6 +247,7 @@ class Llama(llama_cpp.Llama):
             self._mtp.length = AdaptiveLength() if adaptive else None
             # a recurrent state can be cut back only inside its last decode: reuse checkpoints
             self._reuse.active = bool(self._is_recurrent or self._is_hybrid)
+        self._rpc.check(self._ctx.ctx)  # the weights reached every server
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")
@@ -340,7 +281,13 @@ class Llama(llama_cpp.Llama):
             if counts is not None and counts[0] is None:
                 # the request's first evaluation: what the binding kept of the last prompt
                 counts[0], counts[1] = self.n_tokens, len(tokens)
-            return self._eval_locked(tokens)
+            try:
+                out = self._eval_locked(tokens)
+            except RuntimeError:  # llama_decode failed: a lost RPC server is what to name
+                self._rpc.check()
+                raise
+            self._rpc.check(self._ctx.ctx)  # every command answered, none dropped (patch 0014)
+            return out
 
     def _eval_locked(self, tokens: Sequence[int]):
         if self._mtp is None:
@@ -453,8 +400,10 @@ class Llama(llama_cpp.Llama):
                 token = inner.send(sent)
         except StopIteration:
             pass
-        except Exception:
+        except Exception as e:
             sampled = None  # a failed request: nothing to settle (a closed generator is no failure)
+            if isinstance(e, RuntimeError):  # a decode failed (the draft's too): a lost RPC server?
+                self._rpc.check()
             raise
         finally:
             inner.close()

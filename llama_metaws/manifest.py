@@ -56,6 +56,7 @@ def write_manifest(b: _build.Build, path: Optional[Path] = None, tools: Optional
             tools = old.get("tools")
     doc = dict(version=MANIFEST_VERSION, key=made["key"], build=str(b.root),
                shim=str(b.shim) if b.shim else None, cmake_args=list(made.get("cmake_args", ())),
+               base_cmake_args=list(made.get("base_cmake_args", ())),
                compiler=made.get("compiler"), **source_fingerprint())
     if tools:
         doc["tools"] = {name: str(p) for name, p in tools.items()}

@@ -47,6 +47,9 @@ __all__ = [
     "mtp_model_logit_margin",
     "split_devices",
     "TEST_DEVICES_ENV",
+    "free_port",
+    "start_rpc_server",
+    "stop_process",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -494,3 +497,63 @@ from .realshape import (  # noqa: E402  (re-exported: testing is where the build
     mtp_model_path,
     mtp_model_plan,
 )
+
+
+# --------------------------------------------------------------------------------------------
+# ggml RPC servers on loopback (tests/test_rpc.py, bench/bench_rpc.py)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In a child before exec (Linux): SIGKILL when the parent dies, even by an abort."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def start_rpc_server(port: int, host: str = "127.0.0.1", *, wait: float = 30.0, env=None, stderr=None):
+    """``llama-metaws rpc-server`` on one CPU thread, as a child process (``.endpoint`` set) that
+    dies with its parent; waits until it accepts connections (``wait`` seconds at most; 0: not)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_metaws", "rpc-server", "--host", host, "--port", str(port),
+         "-t", "1", "--device", "CPU"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if stderr is None else stderr, text=True,
+        env=env, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    proc.endpoint = f"{host}:{port}"
+    deadline = time.monotonic() + wait
+    while wait:
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_process(proc)
+                raise RuntimeError(f"rpc-server on {host}:{port} did not start (exit {proc.returncode})")
+            time.sleep(0.1)
+    return proc
+
+
+def stop_process(proc) -> None:
+    """Kill a child by its PID (SIGKILL) and reap it."""
+    import signal
+
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)

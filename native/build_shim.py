@@ -25,7 +25,7 @@ def make_ffi(include_dir: Path, lib_dir: Path, sanitize: tuple = ()) -> cffi.FFI
     ffi.set_source(
         MODULE_NAME,
         '#include "shim.h"\n',
-        sources=[str(HERE / "shim.c"), str(HERE / "breakdown.cpp")],  # the C++ side: llama-ext.h calls
+        sources=[str(HERE / "shim.c"), str(HERE / "rpc.c"), str(HERE / "breakdown.cpp")],  # the C++ side: llama-ext.h calls
         include_dirs=[str(HERE), str(include_dir)],
         library_dirs=[str(lib_dir)],
         libraries=["llama", "ggml", "ggml-base", "stdc++"],

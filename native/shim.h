@@ -58,6 +58,13 @@ struct lmws_memory_entry {
 };
 int lmws_memory_breakdown(const struct llama_context * ctx, struct lmws_memory_entry * out, int capacity, int * n);
 
+// ggml's RPC backend (rpc.c), through the registry's proc addresses
+int lmws_rpc_add_server(const char * endpoint, ggml_backend_dev_t * out, int capacity, int * n);
+int lmws_rpc_register_device(ggml_backend_dev_t dev);
+int lmws_rpc_server_ok(const char * endpoint, bool * ok);
+int lmws_rpc_start_server(const char * endpoint, const char * cache_dir, size_t n_threads,
+                          ggml_backend_dev_t * devices, size_t n_devices);
+
 #ifdef __cplusplus
 }
 #endif

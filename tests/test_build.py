@@ -1,5 +1,6 @@
 """The native build: its cache key, its cache, and a patch that does not apply."""
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -41,6 +42,14 @@ def test_cmake_args_and_compiler_are_in_the_key(tmp_path):
     base = build.BuildInputs.collect(patches_dir=d, cmake_args=[], compiler="gcc 12")
     assert build.BuildInputs.collect(patches_dir=d, cmake_args=["-DGGML_CUDA=ON"], compiler="gcc 12").key() != base.key()
     assert build.BuildInputs.collect(patches_dir=d, cmake_args=[], compiler="gcc 13").key() != base.key()
+
+
+def test_the_rpc_backend_is_in_every_build_and_in_the_key(tmp_path):
+    inputs = build.BuildInputs.collect(patches_dir=_copy_patches(tmp_path), cmake_args=[])
+    assert "-DGGML_RPC=ON" in inputs.base_cmake_args
+    without = dataclasses.replace(inputs, base_cmake_args=tuple(
+        a for a in inputs.base_cmake_args if a != "-DGGML_RPC=ON"))
+    assert without.key() != inputs.key()
 
 
 def test_cmake_args_come_from_the_environment(tmp_path, monkeypatch):
@@ -139,6 +148,9 @@ PATCH_SYMBOLS = {
                         "ggml_backend_inject_alloc_failure",  # 0004
                         "ggml_backend_meta_buffer_alias",  # 0008
                         "ggml_gallocr_set_meta_sharing"],  # 0009
+    # the RPC backend is in every build (build.BASE_CMAKE_ARGS); patch 0014's
+    # ggml_backend_rpc_server_ok is reached through the registry (test_rpc.py)
+    "libggml-rpc.so": ["ggml_backend_rpc_start_server", "ggml_backend_rpc_add_server"],
 }
 
 
@@ -157,7 +169,14 @@ def test_the_built_libraries_export_our_symbols(lib):
 PRODUCTION_LINES_MAX = 950
 # the bound is the workspace and alias series' (0001-0010); a patch of another concern, its own
 # upstream pull request, is counted apart
-OTHER_CONCERNS = {"0011-llama-recurrent-seq_rm-refuses-what-its-snapshots-ca.patch": 80}
+OTHER_CONCERNS = {"0011-llama-recurrent-seq_rm-refuses-what-its-snapshots-ca.patch": 80,
+                  # tensor split across hosts (RPC devices): the meta backend's zero-size views
+                  # and names, the RPC client's soft failures, the relayed all-reduce, packed
+                  # 2-D copies
+                  "0012-ggml-meta-zero-size-views-keep-an-in-range-offset-on.patch": 20,
+                  "0014-ggml-rpc-a-lost-or-unreachable-server-fails-softly.patch": 90,
+                  "0015-ggml-meta-relay-host-staged-all-reduce-copies-with-e.patch": 50,
+                  "0016-ggml-rpc-2-D-tensor-copies-as-packed-commands.patch": 70}
 
 
 def _production_lines(patch: Path) -> int:

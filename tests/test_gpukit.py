@@ -98,6 +98,7 @@ def test_the_source_is_patched_trimmed_and_hashed(source, manifest):
     assert "ggml_backend_meta_buffer_alias" in (source / "ggml/src/ggml-backend-meta.cpp").read_text()
     for kept in ("CMakeLists.txt", "src/llama.cpp", "include/llama.h", "ggml/src/ggml-cpu",
                  "ggml/src/ggml-cuda/ggml-cuda.cu", "ggml/src/ggml-cuda/template-instances", "vendor/nlohmann",
+                 "ggml/src/ggml-rpc/ggml-rpc.cpp",  # every build has the RPC backend
                  "tests/test-alloc.cpp"):
         assert (source / kept).exists(), kept
     for dropped in ("docs", "models", "tools", "examples", "common", "gguf-py", "ggml/src/ggml-vulkan",
