@@ -103,7 +103,7 @@ def check_tensor_split(device_list: Optional[DeviceList], kwargs: dict) -> None:
                          "default or set it to True")
     kwargs["flash_attn"] = True
     not_host = [d.name for d in devices if d.type != "cpu"]
-    if kwargs.get("offload_kqv", True) is False and not_host:
+    if not kwargs.get("offload_kqv", True) and not_host:
         raise ValueError(
             "offload_kqv=False (-nkvo) under split_mode='tensor' keeps the KV cache in host memory, "
             f"which only CPU devices compute on in place, and {', '.join(not_host)} is not one: "
