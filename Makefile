@@ -23,7 +23,7 @@ SANITIZE_ENV := $(SANITIZE_MANIFEST) \
 # test_sweep (a child process per allocation index) runs in make test only: under the sanitizers
 # it alone takes longer than CI's budget allows
 SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py \
-	tests/test_memory_pressure.py
+	tests/test_memory_pressure.py tests/test_host_kv.py
 
 .PHONY: setup build demo test peer-tests bench sanitize clean-build gpu-kit gpu-kit-dry-run
 

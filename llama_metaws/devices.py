@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from ._native import ffi, lib
 
@@ -82,3 +82,29 @@ class DeviceList:
 
     def __len__(self) -> int:
         return len(self.devices)
+
+
+def check_tensor_split(device_list: Optional[DeviceList], kwargs: dict) -> None:
+    """A tensor split's arguments, checked before anything is loaded: a ValueError that names the
+    option to change. Turns flash attention on in ``kwargs`` (llama.cpp refuses a tensor-split
+    context without it).
+
+    ``offload_kqv=False`` (llama.cpp's ``-nkvo``) keeps the KV cache in host memory, where each
+    device of the split works on its own KV heads in place (patch 0013): only devices that compute
+    on host memory can, i.e. CPU devices; anything else would abort in the meta backend.
+    """
+    devices = device_list.devices if device_list else [d for d in list_devices() if d.type != "cpu"]
+    if len(devices) < 2:
+        raise ValueError(
+            "split_mode='tensor' splits every tensor over several devices: give at least two, "
+            "e.g. devices=['CPU', 'CPU'] for a CPU test bed")
+    if kwargs.get("flash_attn") is False:
+        raise ValueError("split_mode='tensor' needs flash attention: leave flash_attn at its "
+                         "default or set it to True")
+    kwargs["flash_attn"] = True
+    not_host = [d.name for d in devices if d.type != "cpu"]
+    if not kwargs.get("offload_kqv", True) and not_host:
+        raise ValueError(
+            "offload_kqv=False (-nkvo) under split_mode='tensor' keeps the KV cache in host memory, "
+            f"which only CPU devices compute on in place, and {', '.join(not_host)} is not one: "
+            "set offload_kqv=True (KV on the devices) or split_mode='layer'")

@@ -70,6 +70,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-ub", "--ubatch-size", type=int, default=512)
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("--no-mmap", action="store_true")
+    p.add_argument("-nkvo", "--no-kv-offload", action="store_true",
+                   help="keep the KV cache in host memory (offload_kqv=False); under -sm tensor each "
+                   "device works on its own KV heads of it (CPU devices only)")
     p.add_argument("-s", "--seed", type=int, default=-1)
     p.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default="auto",
                    help="flash attention: on, off, or auto (default): on under -sm tensor, which needs "
@@ -94,7 +97,7 @@ def llama_kwargs(args: argparse.Namespace) -> dict:
         n_ctx=args.ctx_size, n_batch=min(args.batch_size, args.ctx_size),
         n_ubatch=min(args.ubatch_size, args.batch_size, args.ctx_size),
         split_mode=args.split_mode, tensor_split=args.tensor_split, n_seq_max=args.parallel,
-        use_mmap=not args.no_mmap, verbose=args.verbose,
+        use_mmap=not args.no_mmap, offload_kqv=not args.no_kv_offload, verbose=args.verbose,
         draft="mtp" if args.spec_type == "draft-mtp" else None,
         draft_max=args.draft_max, draft_p_min=args.draft_p_min,
         phase_aware_workspace=args.phase_aware_workspace,

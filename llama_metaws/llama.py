@@ -21,7 +21,8 @@ New keyword arguments (llama.cpp's option names):
   RPC servers (:mod:`llama_metaws.rpc`), whose devices (``RPC0``, ...) come first by default,
   then the local GPUs; a lost server raises :class:`~llama_metaws.rpc.RPCServerError`;
 - ``split_mode``: ``"none" | "layer" | "row" | "tensor"`` or the binding's integers, with
-  ``tensor_split``;
+  ``tensor_split``; the binding's ``offload_kqv=False`` (``-nkvo``) under tensor split keeps
+  the KV caches in host memory, each device on its own heads (CPU devices; else a ValueError);
 - ``n_seq_max`` (llama.cpp's ``-np``): sequences the contexts hold;
 - ``phase_aware_workspace=True`` and ``workspace_mode`` (``"alias"``, ``"private-meta"``,
   ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash);
@@ -189,17 +190,8 @@ class Llama(llama_cpp.Llama):
             self._device_list = _devices.DeviceList(list(devices))  # ValueError lists the devices
             model_fields["devices"] = self._device_list.pointer
             kwargs.setdefault("n_gpu_layers", -1)
-        if split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:
-            n_dev = len(self._device_list) if self._device_list else sum(
-                d.type != "cpu" for d in _devices.list_devices())
-            if n_dev < 2:
-                raise ValueError(
-                    "split_mode='tensor' splits every tensor over several devices: give at least two, "
-                    "e.g. devices=['CPU', 'CPU'] for a CPU test bed")
-            if kwargs.get("flash_attn") is False:
-                raise ValueError("split_mode='tensor' needs flash attention: leave flash_attn at its "
-                                 "default or set it to True")
-            kwargs["flash_attn"] = True  # llama.cpp refuses a tensor-split context without it
+        if split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:  # devices, flash attention, host KV
+            _devices.check_tensor_split(self._device_list, kwargs)
         if draft == "mtp":
             arch, n_nextn = _gguf_nextn_layers(model_path)
             if n_nextn < 1:

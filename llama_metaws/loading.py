@@ -83,11 +83,12 @@ def new_context(
     n_seq_max: int = 1,
     mtp: bool = False,
     n_rs_seq: int = 0,
+    offload_kqv: bool = True,
     verbose: bool = False,
 ) -> _internals.LlamaContext:
     params = llama_cpp.llama_context_default_params()
     fields = dict(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch or n_batch, n_seq_max=n_seq_max,
-                  n_rs_seq=n_rs_seq)
+                  n_rs_seq=n_rs_seq, offload_kqv=offload_kqv)
     if mtp:
         fields["ctx_type"] = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
     set_fields(params, fields)

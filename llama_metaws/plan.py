@@ -103,8 +103,9 @@ class Plan:
 # llama.cpp's figures
 
 
-def _breakdown(ctx) -> Dict[int, dict]:
-    """buft address -> {name, meta, device, model, context, compute} for one context."""
+def memory_breakdown(ctx) -> Dict[int, dict]:
+    """buft address -> {name, meta, host, device, model, context, compute} for one context:
+    llama.cpp's memory breakdown (ggml's accounting of the buffers) per buffer type."""
     from ._native import check_error, ffi, lib
     from .buffers import compute_buffers, context_address
 
@@ -126,8 +127,9 @@ def _breakdown(ctx) -> Dict[int, dict]:
         # llama.cpp adds the size once per scheduler backend; backends of one buffer type share
         # one allocator and one buffer (ggml_gallocr_get_buffer_size counts it once)
         k = max(backends.get(key, 1), 1)
-        res[key] = dict(name=name, meta=dev_name.startswith("Meta") or name.startswith("Meta"),
-                        device=dev_name,
+        host = bool(lib.ggml_backend_buft_is_host(e.buft))  # the meta device's host buffer type too (-nkvo)
+        res[key] = dict(name=name, meta=not host and (dev_name.startswith("Meta") or name.startswith("Meta")),
+                        host=host, device=dev_name,
                         model=int(e.model), context=int(e.context), compute=int(e.compute) // k)
     return res
 
@@ -268,18 +270,18 @@ def _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatc
 
         tcp = target_params(n_ctx)
         target = make(tcp)
-        t = _breakdown(target)
+        t = memory_breakdown(target)
         real_ctx = int(llama_cpp.llama_n_ctx(target))
         d = {}
         if mtp:
-            d = _breakdown(make(draft_params(tcp)))
+            d = memory_breakdown(make(draft_params(tcp)))
         # KV cells scale with n_ctx, the recurrent state does not: a second target context of
         # twice the cells separates them (llama.cpp reports both as the context's memory; with
         # no_alloc the KV costs nothing, the recurrent state is allocated for real)
         llama_cpp.llama_free(contexts.pop(0))
         recurrent: Dict[int, int] = {}
         big_ctx = make(target_params(2 * real_ctx))
-        big = _breakdown(big_ctx)
+        big = memory_breakdown(big_ctx)
         n_big = int(llama_cpp.llama_n_ctx(big_ctx))
         for key, e in t.items():
             per_cell = (big.get(key, {}).get("context", 0) - e["context"]) / (n_big - real_ctx)

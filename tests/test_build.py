@@ -176,7 +176,9 @@ OTHER_CONCERNS = {"0011-llama-recurrent-seq_rm-refuses-what-its-snapshots-ca.pat
                   "0012-ggml-meta-zero-size-views-keep-an-in-range-offset-on.patch": 20,
                   "0014-ggml-rpc-a-lost-or-unreachable-server-fails-softly.patch": 90,
                   "0015-ggml-meta-relay-host-staged-all-reduce-copies-with-e.patch": 50,
-                  "0016-ggml-rpc-2-D-tensor-copies-as-packed-commands.patch": 70}
+                  "0016-ggml-rpc-2-D-tensor-copies-as-packed-commands.patch": 70,
+                  # host-resident KV under tensor split: split by head in the meta backend
+                  "0013-ggml-meta-split-a-host-resident-KV-cache-by-head.patch": 200}
 
 
 def _production_lines(patch: Path) -> int:

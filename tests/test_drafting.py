@@ -105,12 +105,12 @@ def test_the_draft_context_is_derived_from_the_targets(half_path):
         assert d.type_k == llama_cpp.GGML_TYPE_Q8_0 and d.offload_kqv is False
         assert d.ctx_type == llama_cpp.LLAMA_CONTEXT_TYPE_MTP and d.n_rs_seq == 0
     # and llama.cpp built it so: a q8_0 draft KV is smaller than an f16 one
-    from llama_metaws.plan import _breakdown
+    from llama_metaws.plan import memory_breakdown
 
     sizes = {}
     for kind in (llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_F16):
         with Llama(half_path, draft="mtp", type_k=kind, type_v=kind, flash_attn=True, **KW) as llm:
-            sizes[kind] = sum(e["context"] for e in _breakdown(llm._draft_ctx).values())
+            sizes[kind] = sum(e["context"] for e in memory_breakdown(llm._draft_ctx).values())
     assert 0 < sizes[llama_cpp.GGML_TYPE_Q8_0] < sizes[llama_cpp.GGML_TYPE_F16]
 
 

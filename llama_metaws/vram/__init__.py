@@ -10,6 +10,7 @@ each:
 - ``sampler``: :class:`Sampler`, the background thread, phases, :class:`Report`;
 - ``harness``: the configurations, the child process that runs one, the parent's records;
 - ``report``: the table and the plot;
+- ``hostkv``: the seed's second table, host-resident KV under tensor split (``--host-kv``);
 - ``command``: ``llama-metaws vram``'s flags and run.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 from .command import add_arguments, main, run_from_args
 from .harness import (DEFAULT_CONFIGURATIONS, DEFAULT_DEVICES, DEFAULT_PROMPT, Configuration, as_expected,
                       find_configuration, run_configuration, run_configurations)
+from .hostkv import format_host_kv, run_host_kv
 from .report import format_table, plot
 from .sampler import DEFAULT_INTERVAL, Report, Sampler
 from .sources import MissingExtraError, NvmlSource, SamplerError, read_rss
@@ -36,6 +38,7 @@ __all__ = [
     "add_arguments",
     "as_expected",
     "find_configuration",
+    "format_host_kv",
     "format_table",
     "main",
     "plot",
@@ -43,4 +46,5 @@ __all__ = [
     "run_configuration",
     "run_configurations",
     "run_from_args",
+    "run_host_kv",
 ]

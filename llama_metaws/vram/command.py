@@ -6,10 +6,12 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from typing import List, Optional
 
 from .harness import (DEFAULT_CONFIGURATIONS, DEFAULT_DEVICES, DEFAULT_PROMPT, Configuration, as_expected,
                       child_main, find_configuration, run_configurations)
+from .hostkv import format_host_kv, run_host_kv
 from .report import format_table, plot
 from .sampler import DEFAULT_INTERVAL
 from .sources import MissingExtraError, import_pynvml
@@ -47,7 +49,25 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="plot memory over time per device (the plot extra)")
     p.add_argument("--nvidia", action="store_true", help="sample NVIDIA GPUs with pynvml as well (the nvidia extra)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per configuration (default 600)")
+    p.add_argument("--host-kv", action="store_true",
+                   help="the seed's second table instead: the KV caches in host memory (-nkvo) under tensor "
+                   "split with draft-mtp and the alias workspace, three requests (short, near -c/-np, short "
+                   "follow-up), bytes per buffer type of target KV, draft KV and recurrent state")
     return p
+
+
+def _host_kv(args: argparse.Namespace, devices: List[str]) -> int:
+    with tempfile.TemporaryDirectory(prefix="llama-metaws-vram-model-") as tmp:
+        model = args.model
+        if model is None:
+            from ..testing import make_tiny_mtp_model
+
+            model = os.fspath(make_tiny_mtp_model(os.path.join(tmp, "tiny-mtp-agreement-0.8.gguf"), agreement=0.8))
+        record = run_host_kv(model=model, devices=devices, prompt=args.prompt, n_ctx=args.ctx_size,
+                             n_ubatch=args.ubatch_size, n_predict=args.n_predict, draft_max=args.draft_max,
+                             n_seq_max=args.parallel, threads=args.threads, timeout=args.timeout)
+    print(json.dumps(record, indent=1) if args.json else format_host_kv(record))
+    return 0 if record["result"] == "ok" else 1
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -77,6 +97,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             print("llama-metaws vram: --plot needs matplotlib: install the plot extra "
                   "(pip install 'llama-metaws[plot]')", file=sys.stderr)
             return 2
+    if args.host_kv:
+        return _host_kv(args, devices)
     records = run_configurations(
         args.config, model=args.model, devices=devices, prompt=args.prompt, n_predict=args.n_predict,
         interval=args.interval, n_seq_max=args.parallel, n_ctx=args.ctx_size, n_ubatch=args.ubatch_size,

@@ -21,3 +21,4 @@ void                       ggml_backend_dev_memory(ggml_backend_dev_t device, si
 
 const char *               ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
 ggml_backend_dev_t         ggml_backend_buft_get_device(ggml_backend_buffer_type_t buft);
+bool                       ggml_backend_buft_is_host(ggml_backend_buffer_type_t buft);
