@@ -68,8 +68,8 @@ class DeviceList:
     alive as long as the params that point at it.
     """
 
-    def __init__(self, names: Sequence[str]):
-        if not names:
+    def __init__(self, names: Sequence[str], *, allow_empty: bool = False):
+        if not names and not allow_empty:  # empty, where allowed: the CPU alone
             raise ValueError("devices: give at least one device name")
         self.devices = [find_device(n) for n in names]
         self._array = (ctypes.c_void_p * (len(self.devices) + 1))(

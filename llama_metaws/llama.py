@@ -184,12 +184,18 @@ class Llama(llama_cpp.Llama):
         model_fields, context_fields = {}, {"n_seq_max": n_seq_max}
         self._device_list = None
         self._rpc = _rpc.connect(rpc_servers)  # ValueError for a bad or unreachable server
+        local = None
         if self._rpc and not devices:
             devices = self._rpc.default_devices()
+        elif not devices:  # an earlier Llama's servers stay registered: keep this model off them
+            local = _rpc.local_devices()
         if devices:
             self._device_list = _devices.DeviceList(list(devices))  # ValueError lists the devices
             model_fields["devices"] = self._device_list.pointer
             kwargs.setdefault("n_gpu_layers", -1)
+        elif local is not None:
+            self._device_list = _devices.DeviceList(local, allow_empty=True)
+            model_fields["devices"] = self._device_list.pointer
         if split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:  # devices, flash attention, host KV
             _devices.check_tensor_split(self._device_list, kwargs)
         if draft == "mtp":

@@ -13,6 +13,7 @@ from typing import Optional, Sequence, Union
 
 from ._binding import _internals, llama_cpp, set_verbose
 from .devices import DeviceList
+from .rpc import local_devices
 from .params import set_fields
 
 SPLIT_MODES = {
@@ -63,6 +64,9 @@ def load_model(
     if devices:
         device_list = DeviceList(devices)
         fields.update(devices=device_list.pointer, n_gpu_layers=999)  # every layer on the named devices
+    elif local_devices() is not None:  # RPC servers were added in this process: not on them
+        device_list = DeviceList(local_devices(), allow_empty=True)
+        fields.update(devices=device_list.pointer)
     ts_array = None
     if tensor_split:
         ts_array = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)

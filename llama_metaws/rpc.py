@@ -135,6 +135,21 @@ class RPCServers:
                     "is lost. Close this Llama, restart the server and load the model again")
 
 
+def local_devices() -> Optional[List[str]]:
+    """The default devices without any RPC server's, once a server was added in this process.
+
+    Adding a server registers its devices with ggml for the life of the process, and llama.cpp's
+    default device list puts them first: every later model loaded without ``devices`` or
+    ``rpc_servers`` would go to the servers, even once they are gone. With a server added, this
+    is the list such a model gets instead (the local GPUs; empty: the CPU alone); None while none
+    was added (llama.cpp's own default is right).
+    """
+    rpc = {name for names in _devices_of.values() for name in names}
+    if not rpc:
+        return None
+    return [d.name for d in list_devices() if d.type == "gpu" and d.name not in rpc]
+
+
 def connect(rpc_servers: Union[None, str, Sequence[str]]) -> RPCServers:
     """Reach the servers (a ``ValueError`` for a bad or unreachable one) and register their devices."""
     return RPCServers(parse_servers(rpc_servers))

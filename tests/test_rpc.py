@@ -195,3 +195,25 @@ def test_rpc_server_with_an_unknown_device_exits_with_a_message():
     res = subprocess.run([sys.executable, "-m", "llama_metaws", "rpc-server", "--port", str(free_port()),
                           "--device", "CUDA9"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "unknown device 'CUDA9'" in res.stderr, res.stderr
+
+
+def test_after_the_servers_are_gone_a_default_load_stays_local(mtp_path):
+    # a server's devices stay registered with ggml for the life of the process, and llama.cpp's
+    # default device list puts them first: a later model without rpc_servers must not go there
+    from llama_metaws.loading import load_model, new_context
+
+    proc = start_rpc_server(free_port())
+    try:
+        with Llama(str(mtp_path), rpc_servers=[proc.endpoint], **KW) as llm:
+            over_rpc = llm.create_completion(PROMPTS[0], max_tokens=8, temperature=0.0)["choices"][0]["text"]
+    finally:
+        stop_process(proc)
+    assert rpc.local_devices() is not None  # the dead server's device is still registered
+    with Llama(str(mtp_path), **KW) as llm:
+        assert llm.create_completion(PROMPTS[0], max_tokens=8, temperature=0.0)["choices"][0]["text"] == over_rpc
+    model = load_model(str(mtp_path))
+    try:
+        ctx = new_context(model, n_ctx=64, n_batch=16)
+        ctx.close()
+    finally:
+        model.close()
