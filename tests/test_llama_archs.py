@@ -27,7 +27,7 @@ TARGET = "test-llama-archs"
 
 
 # what test-llama-archs links that the build installed already: its ggml and llama are not rebuilt
-_INSTALLED = re.compile(r"bin/lib(ggml|ggml-base|ggml-cpu|llama)\.so")
+_INSTALLED = re.compile(r"bin/lib(ggml[\w-]*|llama)\.so")  # ggml-base, ggml-cpu, ggml-rpc...
 _OUTPUT = re.compile(r" -o (\S+)|\bar qc (\S+)|cmake_symlink_library (\S+)")
 
 
