@@ -11,19 +11,28 @@ PY     := $(VENV)/bin/python
 BINDING_CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 
 # The sanitizer build: AddressSanitizer + UndefinedBehaviorSanitizer over the patched ggml/llama
-# and the shim (its own cache key), and the workspace/alias/repro tests under it.
+# and the shim (its own cache key), and the workspace/alias/fault tests under it, the allocation
+# sweep and test-llama-archs's phase-workspace lifecycle (built sanitized, in the sanitizer build's
+# directory) among them.
 SANITIZE_CMAKE_ARGS := -DGGML_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_UNDEFINED=ON \
 	-DLLAMA_SANITIZE_ADDRESS=ON -DLLAMA_SANITIZE_UNDEFINED=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # its own manifest: the run time reads the manifest, never CMAKE_ARGS (see manifest.manifest_path)
 SANITIZE_MANIFEST := LLAMA_METAWS_MANIFEST="$(CURDIR)/build/manifest-sanitize.json"
 SANITIZE_ENV := $(SANITIZE_MANIFEST) \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
-	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	GGML_NO_BACKTRACE=1
-# test_sweep (a child process per allocation index) runs in make test only: under the sanitizers
-# it alone takes longer than CI's budget allows
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:no_huge_pages_for_shadow=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 GGML_NO_BACKTRACE=1 \
+	LLAMA_METAWS_SWEEP_STRIDE=10
+# detect_leaks=0: a Python process holds its native pointers in ints, which LeakSanitizer cannot
+# read; the sweep's child runs a leak check with its open model as the root, and test-llama-archs
+# (a C++ program) runs with detect_leaks=1.
+# no_huge_pages_for_shadow=0: the meta backend's 368 MiB tensor contexts (two per device in
+# each meta buffer) cost ASan a shadow of 46 MiB each to poison; on huge pages a tensor-split
+# request runs 3-4x faster. The sweep samples every 10th allocation index and the last one
+# (make test walks them all).
 SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py \
-	tests/test_memory_pressure.py tests/test_host_kv.py
+	tests/test_memory_pressure.py tests/test_host_kv.py tests/test_sweep.py \
+	tests/test_llama_archs.py::test_the_phase_workspace_lifecycle_over_a_random_mtp_model
 
 .PHONY: setup build demo test peer-tests bench sanitize clean-build gpu-kit gpu-kit-dry-run
 
@@ -47,7 +56,8 @@ test: setup
 	$(PY) -m pytest -ra -m "not peer" tests
 
 # llama.cpp's test-llama-archs (and our workspace lifecycle in it), built with the vendored CMake
-# once per build key (a cold build takes about 10 minutes on 2 cores): tests/test_llama_archs.py
+# once per build key, linked against the build's installed ggml and llama (only the common
+# library and the test are compiled: 7.6 minutes cold on 2 cores): tests/test_llama_archs.py
 peer-tests: setup
 	$(PY) -m pytest -ra -m peer tests
 
