@@ -25,25 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401
 from llama_metaws import Llama  # noqa: E402
-from llama_metaws.testing import N_VOCAB, make_mtp_model  # noqa: E402
+from llama_metaws.testing import N_VOCAB, generate_n, make_mtp_model  # noqa: E402
 
 import _doc  # noqa: E402
 
 HISTORY, NEW = 1000, 20
 KW = dict(draft="mtp", n_ctx=2048, n_batch=512, n_ubatch=512, phase_aware_workspace=True, verbose=False)
-
-
-def _generate(llm, tokens, n):
-    gen = llm.generate(list(tokens), temp=0.0)
-    out = []
-    try:
-        for t in gen:
-            out.append(int(t))
-            if len(out) == n:
-                break
-    finally:
-        gen.close()
-    return out
 
 
 def run(runs: int, n_tokens: int, write: bool = True) -> str:
@@ -54,13 +41,13 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
     counts, same = None, True
     for k in range(runs + 1):
         first = [int(x) for x in rng.integers(0, N_VOCAB, size=HISTORY - n_tokens)]
-        answer = _generate(reuse, first, n_tokens)
+        answer = generate_n(reuse, first, n_tokens)
         second = first + answer + [int(x) for x in rng.integers(0, N_VOCAB, size=NEW)]
-        _generate(fresh, [int(x) for x in rng.integers(0, N_VOCAB, size=50)], 2)  # another chat
+        generate_n(fresh, [int(x) for x in rng.integers(0, N_VOCAB, size=50)], 2)  # another chat
         order = [(reuse, "reused"), (fresh, "afresh")]
         outs = {}
         for llm, name in (order if k % 2 else order[::-1]):
-            outs[name] = _generate(llm, second, n_tokens)
+            outs[name] = generate_n(llm, second, n_tokens)
             t = llm.timings()
             if k:  # the first run warms up
                 ms[name].append(t["prompt_ms"])
@@ -71,12 +58,12 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
         same = same and outs["reused"] == outs["afresh"]
         # the user rewrites the last message instead: back to the checkpoint after `first`
         edited = first + [int(x) for x in rng.integers(0, N_VOCAB, size=n_tokens + NEW)]
-        got = _generate(reuse, edited, n_tokens)
+        got = generate_n(reuse, edited, n_tokens)
         t = reuse.timings()
         if k:
             ms["restored"].append(t["prompt_ms"])
         restored = (t["cache_n"], t["prompt_n"])
-        same = same and got == _generate(fresh, edited, n_tokens)
+        same = same and got == generate_n(fresh, edited, n_tokens)
     stats = reuse.checkpoint_stats()
     reuse.close()
     fresh.close()

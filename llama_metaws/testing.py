@@ -503,6 +503,21 @@ from .realshape import (  # noqa: E402  (re-exported: testing is where the build
 # ggml RPC servers on loopback (tests/test_rpc.py, bench/bench_rpc.py)
 
 
+def generate_n(llm, tokens, n: int, **sampling) -> List[int]:
+    """The first ``n`` tokens of ``llm.generate(tokens, **sampling)`` (greedy by default); the
+    generator is closed after them, as ``create_completion`` closes it."""
+    gen = llm.generate(list(tokens), **(sampling or {"temp": 0.0}))
+    out: List[int] = []
+    try:
+        for t in gen:
+            out.append(int(t))
+            if len(out) == n:
+                break
+    finally:
+        gen.close()
+    return out
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on (now)."""
     import socket

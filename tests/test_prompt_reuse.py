@@ -7,7 +7,7 @@ import pytest
 
 from llama_metaws import Llama
 from llama_metaws.checkpoints import common_prefix
-from llama_metaws.testing import N_VOCAB, make_tiny_mtp_model
+from llama_metaws.testing import N_VOCAB, generate_n, make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
 EVERY = 16
@@ -31,16 +31,7 @@ def run(llm, tokens, n, seed=None, **sampling):
     """``n`` tokens of ``llm.generate`` (closed after them, as create_completion does)."""
     if seed is not None:
         llm.set_seed(seed)
-    gen = llm.generate(list(tokens), **(sampling or GREEDY))
-    out = []
-    try:
-        for t in gen:
-            out.append(int(t))
-            if len(out) == n:
-                break
-    finally:
-        gen.close()
-    return out
+    return generate_n(llm, tokens, n, **(sampling or GREEDY))
 
 
 def fresh_run(path, tokens, n, split, seed=None, **sampling):
