@@ -64,8 +64,8 @@ def load_model(
     if devices:
         device_list = DeviceList(devices)
         fields.update(devices=device_list.pointer, n_gpu_layers=999)  # every layer on the named devices
-    elif local_devices() is not None:  # RPC servers were added in this process: not on them
-        device_list = DeviceList(local_devices(), allow_empty=True)
+    elif (local := local_devices()) is not None:  # RPC servers were added in this process: not on them
+        device_list = DeviceList(local, allow_empty=True)
         fields.update(devices=device_list.pointer)
     ts_array = None
     if tensor_split:

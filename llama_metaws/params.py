@@ -49,7 +49,8 @@ def set_fields(struct: ctypes.Structure, fields: Dict[str, Any]) -> None:
 
 
 def check_fields(struct: ctypes.Structure, fields: Dict[str, Any], what: str) -> None:
-    """Every item of ``fields`` is what ``struct`` holds now; RuntimeError names the first that is not."""
+    """Every item of ``fields`` is what ``struct`` holds now; RuntimeError names each that is not."""
+    wrong = []
     for name, value in fields.items():
         got = getattr(struct, name)
         if isinstance(value, ctypes.c_void_p):
@@ -57,5 +58,7 @@ def check_fields(struct: ctypes.Structure, fields: Dict[str, Any], what: str) ->
         else:
             ok = _same(got, value)
         if not ok:
-            raise RuntimeError(f"llama.cpp did not get {what}.{name} = {value!r} (it has {got!r}): "
-                               "the binding built its params in a way llama-metaws does not know")
+            wrong.append(f"{what}.{name} = {value!r} (it has {got!r})")
+    if wrong:
+        raise RuntimeError(f"llama.cpp did not get {', '.join(wrong)}: "
+                           "the binding built its params in a way llama-metaws does not know")
