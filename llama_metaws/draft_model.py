@@ -78,8 +78,12 @@ class OpenDraft:
     """A draft handed to the binding and awaiting its verdict."""
 
     start: int              # the position of the first draft token
-    count: int              # how many tokens were drafted
+    tokens: List[int]       # the draft
     verified: bool = False  # the target has decoded them (the sampling since says what it kept)
+
+    @property
+    def count(self) -> int:
+        return len(self.tokens)
 
 
 class MTPDraftModel(LlamaDraftModel):
@@ -100,6 +104,7 @@ class MTPDraftModel(LlamaDraftModel):
         self.rows = {}                # position -> the target's hidden row (recent ones)
         self.open_draft: Optional[OpenDraft] = None
         self.length: Optional[AdaptiveLength] = None  # draft_max="auto"
+        self.remaining: Optional[int] = None  # tokens the request may still take (None: unbounded)
 
     # the target's side ----------------------------------------------------------------------
 
@@ -120,11 +125,13 @@ class MTPDraftModel(LlamaDraftModel):
         d = self.open_draft
         if d is None or not d.verified:
             return
-        accepted = max(0, min(n_tokens, d.start + d.count) - d.start)
+        self._count(d.count, max(0, min(n_tokens, d.start + d.count) - d.start))
+
+    def _count(self, drafted: int, accepted: int) -> None:
         if self.length is not None:
-            self.length.update(d.count, accepted)
+            self.length.update(drafted, accepted)
         for s in (self.stats.last, self.stats.total):
-            s.drafted += d.count
+            s.drafted += drafted
             s.accepted += accepted
             s.steps += 1
         self.open_draft = None
@@ -135,10 +142,20 @@ class MTPDraftModel(LlamaDraftModel):
         self.open_draft, self.fed, self.rows = None, n_tokens, {} if row is None else {n_tokens - 1: row}
         self.drafter.rewind_draft(n_tokens, row)
 
-    def discard_open_draft(self) -> None:
-        """A request ended: a draft verified but not settled is not counted (its positions were
-        never all sampled)."""
-        self.open_draft = None
+    def end_request(self, sampled: Optional[Sequence[int]]) -> None:
+        """A request ended with the tokens ``sampled`` at positions 0.. (None: unknown, a caller
+        sent tokens). Its last draft is counted when every verdict on it is known (a position
+        sampled otherwise, or all of them sampled), and dropped when the request stopped
+        inside it (not counted as rejected: those positions were never sampled)."""
+        d, self.open_draft = self.open_draft, None
+        if d is None or not d.verified or sampled is None:
+            return
+        known = [int(t) for t in sampled[d.start : d.start + d.count]]
+        accepted = 0
+        while accepted < len(known) and known[accepted] == d.tokens[accepted]:
+            accepted += 1
+        if accepted < len(known) or len(known) == d.count:
+            self._count(d.count, accepted)
 
     def target_decoded(self, tokens: Sequence[int], pos0: int) -> None:
         """The target decoded ``tokens`` at ``pos0``: feed the draft, token p with row p-1."""
@@ -172,6 +189,8 @@ class MTPDraftModel(LlamaDraftModel):
         if n_past != self.fed or n_past < 1:
             return []
         n_max = d.draft_max if self.length is None else self.length.next_step()
-        drafts = d.propose(last, n_past, min(n_max, d.n_ctx - n_past - 1)) if n_max else []
-        self.open_draft = OpenDraft(n_past + 1, len(drafts)) if drafts else None
+        # a step yields its accepted drafts and one token more: no more than the request takes
+        n_max = min(n_max, d.n_ctx - n_past - 1, n_max if self.remaining is None else self.remaining - 1)
+        drafts = d.propose(last, n_past, n_max) if n_max > 0 else []
+        self.open_draft = OpenDraft(n_past + 1, list(drafts)) if drafts else None
         return drafts

@@ -33,7 +33,9 @@ New keyword arguments (llama.cpp's option names):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
+import threading
 import time
 from typing import List, Optional, Sequence, Union
 
@@ -55,6 +57,8 @@ from .workspace import Workspace
 __all__ = ["Llama", "MTPDraftModel", "DraftStatsReport", "RequestGuard"]
 
 DRAFT_KINDS = ("mtp",)
+# the binding's completion generator, whose max_tokens bounds a request's drafts
+_COMPLETION = inspect.signature(llama_cpp.Llama._create_completion)
 
 def _gguf_nextn_layers(path: str) -> tuple:
     """(architecture, nextn_predict_layers) from the file's metadata, without loading it."""
@@ -71,19 +75,27 @@ def _gguf_nextn_layers(path: str) -> tuple:
     return arch, int(n)
 
 
-def _timings(n_prompt: int, cache_n: int, prompt_n: int, predicted_n: int, prompt_s: float,
-             predicted_s: float) -> dict:
-    n_after_first = max(predicted_n - 1, 0)
+def _timings(n_prompt: int, cache_n: int, prompt_n: int, predicted_n: int, t0: float,
+             t_first: Optional[float], t_end: float, t_encoded: Optional[float] = None) -> dict:
+    """A request's figures (see :meth:`Llama.timings`); ``t_encoded``: when a drafting request's
+    prompt, all but its held-back last token, was decoded on both contexts (else None)."""
+    t_first = t_end if t_first is None else t_first
+    if t_encoded is None:  # the prompt phase ends with the first token, the decode phase follows it
+        n_prompt_phase, t_split, n_decode = prompt_n, t_first, max(predicted_n - 1, 0)
+    else:  # llama-speculative-simple's phases: the held-back token's step opens the decode phase
+        n_prompt_phase, t_split, n_decode = max(prompt_n - 1, 0), t_encoded, predicted_n
+    prompt_s, predicted_s = t_split - t0, t_end - t_split
     return {
         "prompt_tokens": n_prompt,
         "cache_n": cache_n,
         "prompt_n": prompt_n,
         "prompt_ms": prompt_s * 1e3,
-        "prompt_tokens_per_s": prompt_n / prompt_s if prompt_n and prompt_s > 0 else 0.0,
+        "prompt_tokens_per_s": n_prompt_phase / prompt_s if n_prompt_phase and prompt_s > 0 else 0.0,
+        "ttft_ms": (t_first - t0) * 1e3,
         "predicted_n": predicted_n,
         "predicted_ms": predicted_s * 1e3,
-        "decode_tokens": n_after_first,
-        "decode_tokens_per_s": n_after_first / predicted_s if n_after_first and predicted_s > 0 else 0.0,
+        "decode_tokens": n_decode,
+        "decode_tokens_per_s": n_decode / predicted_s if n_decode and predicted_s > 0 else 0.0,
     }
 
 
@@ -152,8 +164,10 @@ class Llama(llama_cpp.Llama):
         self._draft_ctx = None
         self._workspace: Optional[Workspace] = None
         self.draft_stats = DraftStatsReport()
-        self._timings = _timings(0, 0, 0, 0, 0.0, 0.0)
+        self._timings = _timings(0, 0, 0, 0, 0.0, 0.0, 0.0)
         self._in_request = False  # inside _generate_held
+        self._t_encoded = None    # when the request's prompt was decoded (drafting: its held-back token aside)
+        self._budgets = threading.local()  # .next: max_tokens of the completion about to generate
         self._verifying = False   # the request's prompt is evaluated: every row is sampled now
         # prompt reuse through checkpoints (a recurrent target with drafting); checks arguments
         self._reuse = _ckpt.PromptReuse(ctx_checkpoints, checkpoint_every, ctx_checkpoints_bytes)
@@ -319,6 +333,7 @@ class Llama(llama_cpp.Llama):
             if checkpoint:
                 self._reuse.save(self)
         if prompt and tokens:
+            self._t_encoded = time.perf_counter()  # llama-speculative-simple's end of "encoded"
             last, n_past = tokens[-1], self.n_tokens
             self._decode_chunk([last] + self._mtp.draft_at(last, n_past), "all")
         self._requires_eval = False
@@ -372,8 +387,25 @@ class Llama(llama_cpp.Llama):
             finally:
                 self._guard.release(ticket)
 
+    def _create_completion(self, *args, **kwargs):
+        """The binding's completion generator; its ``max_tokens`` bounds the request's drafts."""
+        max_tokens = _COMPLETION.bind(self, *args, **kwargs).arguments.get("max_tokens")
+        budget = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None
+        return self._with_budget(super()._create_completion(*args, **kwargs), budget)
+
+    def _with_budget(self, inner, budget):
+        # runs from the first next(), on that thread, which then starts generate() inside `inner`
+        self._budgets.next = budget
+        return (yield from inner)
+
     def _generate_held(self, tokens, *args, **kwargs):
         self.draft_stats.last = DraftStats()
+        # the tokens this request may still take (None: unbounded); a step drafts one fewer at
+        # most, as llama-speculative-simple does, so no draft outlives the request
+        budget, self._budgets.next = getattr(self._budgets, "next", None), None
+        if self._mtp is not None:
+            self._mtp.remaining = budget
+        self._t_encoded = None
         sampled = list(tokens)  # the prompt, then each token sampled (None: a caller sent tokens)
         reuse = self._reuse.active and kwargs.get("reset", True)
         if reuse:  # the live state, a rollback inside its snapshots, a checkpoint; else afresh
@@ -390,6 +422,8 @@ class Llama(llama_cpp.Llama):
                 if t_first is None:
                     t_first = time.perf_counter()
                 n_out += 1
+                if budget is not None and self._mtp is not None:
+                    self._mtp.remaining = budget - n_out
                 if sampled is not None:
                     sampled.append(token)
                 # the binding's protocol: a caller may send tokens to evaluate next; pass them on
@@ -408,14 +442,14 @@ class Llama(llama_cpp.Llama):
             self._in_request = self._verifying = False
             if self._mtp is not None:
                 # before the reuse bookkeeping cuts the draft context (which would settle it)
-                self._mtp.discard_open_draft()
+                self._mtp.end_request(sampled)
+                self._mtp.remaining = None
             if reuse and sampled:
                 self._reuse.end(self, sampled)
             t_end = time.perf_counter()
             self._request_counts = None
             cache_n = counts[0] or 0
-            self._timings = _timings(n_prompt, cache_n, counts[1], n_out,
-                                     (t_first or t_end) - t0, t_end - t_first if t_first else 0.0)
+            self._timings = _timings(n_prompt, cache_n, counts[1], n_out, t0, t_first, t_end, self._t_encoded)
 
     def save_state(self) -> "llama_cpp.LlamaState":
         """The binding's state; with drafting, the draft context's too (``LlamaRAMCache`` works)."""
@@ -440,10 +474,17 @@ class Llama(llama_cpp.Llama):
         """The last request's prompt and decode figures.
 
         ``prompt_tokens`` (the whole prompt), ``cache_n`` (of those, kept from the last request:
-        not evaluated again), ``prompt_n`` (evaluated), ``prompt_ms`` and ``prompt_tokens_per_s``
-        (until the first token), ``predicted_n`` (tokens sampled, the first included),
-        ``predicted_ms`` (from the first token to the end), ``decode_tokens`` and
-        ``decode_tokens_per_s`` (the tokens after the first one, over ``predicted_ms``).
+        not evaluated again), ``prompt_n`` (evaluated), ``ttft_ms`` (until the first token),
+        ``predicted_n`` (tokens sampled, the first included), and the two phases:
+        ``prompt_ms``/``prompt_tokens_per_s``, then ``predicted_ms`` with ``decode_tokens`` and
+        ``decode_tokens_per_s`` (``decode_tokens`` over ``predicted_ms``).
+
+        Without drafting the prompt phase ends with the first token (as llama-bench's pp and the
+        binding count it), and ``decode_tokens`` are the tokens after the first one. With
+        ``draft="mtp"`` the phases are llama-speculative-simple's: the prompt's last token is held
+        back and decoded with the first draft, so the prompt phase is the ``prompt_n - 1`` tokens
+        before it, decoded on the target and the draft context, and the decode phase is every
+        step after it, all ``predicted_n`` tokens; ``ttft_ms`` then includes the first step.
         """
         return dict(self._timings)
 

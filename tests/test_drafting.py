@@ -8,7 +8,7 @@ import llama_cpp
 
 from llama_metaws import Llama
 from llama_metaws.mtp import _top_probability
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws.testing import generate_n, make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
 LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 10 # with 60 tokens out: past n_batch
@@ -210,11 +210,82 @@ def test_draft_max_auto_on_the_command_line():
         Llama("unused.gguf", draft="mtp", draft_max="sometimes")
 
 
-def test_a_draft_cut_by_max_tokens_is_not_counted_as_rejected(models_dir):
-    # a head that always agrees: whatever step the request stops in, nothing was rejected
-    full = str(make_tiny_mtp_model(models_dir / "drafting-full.gguf", seed=31, agreement=1.0))
-    with Llama(full, draft="mtp", draft_max=2, **KW) as llm:
+@pytest.fixture(scope="module")
+def full_path(models_dir):
+    # a head that always agrees
+    return str(make_tiny_mtp_model(models_dir / "drafting-full.gguf", seed=31, agreement=1.0))
+
+
+def test_a_draft_cut_by_the_caller_is_not_counted_as_rejected(full_path):
+    # generate() knows no max_tokens: a caller that stops after n tokens cuts the last draft
+    # short; whatever step it stops in, nothing was rejected
+    with Llama(full_path, draft="mtp", draft_max=2, **KW) as llm:
+        prompt = llm.tokenize(LONG_PROMPT.encode())
         for n in (9, 10, 11):
-            llm.create_completion(LONG_PROMPT, max_tokens=n, temperature=0.0)
+            generate_n(llm, prompt, n)
             st = llm.draft_stats.last
             assert st.drafted > 0 and st.accepted == st.drafted, (n, st)
+
+
+def _proposals(llm):
+    """Record each draft the head is asked for: (tokens asked, tokens drafted)."""
+    calls = []
+    propose = llm.draft_model.drafter.propose
+
+    def counting(last, pos0, n_draft):
+        out = propose(last, pos0, n_draft)
+        calls.append((n_draft, len(out)))
+        return out
+
+    llm.draft_model.drafter.propose = counting
+    return calls
+
+
+@pytest.mark.parametrize("max_tokens", [1, 5, 6, 9])
+def test_no_draft_outlives_max_tokens(full_path, max_tokens):
+    # as llama-speculative-simple sizes its drafts: a step yields its accepted drafts and one
+    # token more, so it drafts at most one fewer than the request may still take
+    with Llama(full_path, draft="mtp", draft_max=3, **KW) as llm:
+        calls = _proposals(llm)
+        out = llm.create_completion(LONG_PROMPT, max_tokens=max_tokens, temperature=0.0)
+        assert out["usage"]["completion_tokens"] == max_tokens
+        asked = [n for n, _ in calls]
+        # every draft accepted (the head agrees), so the budget left is known at each step
+        left, want = max_tokens, []
+        while left > 0:
+            k = min(3, left - 1)
+            if k > 0:
+                want.append(k)
+            left -= k + 1
+        assert asked == want, calls
+        st = llm.draft_stats.last
+        assert st.drafted == st.accepted == sum(asked), st
+        # the stream and the chat path carry max_tokens too
+        calls.clear()
+        list(llm.create_completion(LONG_PROMPT, max_tokens=max_tokens, temperature=0.0, stream=True))
+        assert [n for n, _ in calls] == want
+        calls.clear()
+        llm.create_chat_completion([{"role": "user", "content": LONG_PROMPT}], max_tokens=max_tokens,
+                                   temperature=0.0)
+        assert sum(n for n, _ in calls) <= max_tokens - 1 and all(n <= 3 for n, _ in calls), calls
+
+
+def test_timings_follow_llama_cpps_phases(full_path, half_path):
+    n_out = 12
+    with Llama(half_path, **KW) as plain:
+        plain.create_completion(LONG_PROMPT, max_tokens=n_out, temperature=0.0)
+        t = plain.timings()
+        # without drafting: the prompt phase ends with the first token
+        assert t["prompt_ms"] == t["ttft_ms"] > 0
+        assert t["predicted_n"] == n_out and t["decode_tokens"] == n_out - 1
+        assert t["prompt_tokens_per_s"] == pytest.approx(t["prompt_n"] / t["prompt_ms"] * 1e3)
+    with Llama(full_path, draft="mtp", draft_max=3, **KW) as llm:
+        llm.create_completion(LONG_PROMPT, max_tokens=n_out, temperature=0.0)
+        t = llm.timings()
+        # with drafting: the prompt but its held-back last token, then every step (the first
+        # one, decoding the held-back token with its draft, included)
+        assert 0 < t["prompt_ms"] < t["ttft_ms"]
+        assert t["prompt_n"] == t["prompt_tokens"] and t["cache_n"] == 0
+        assert t["prompt_tokens_per_s"] == pytest.approx((t["prompt_n"] - 1) / t["prompt_ms"] * 1e3)
+        assert t["predicted_n"] == t["decode_tokens"] == n_out
+        assert t["decode_tokens_per_s"] == pytest.approx(n_out / t["predicted_ms"] * 1e3)

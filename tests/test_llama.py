@@ -54,10 +54,14 @@ def test_acceptance_follows_the_agreement_models(models_dir, agreement, check):
         last = llm.draft_stats.last
         assert last.drafted > 0
         assert check(last.acceptance), llm.draft_stats
+        t = llm.timings()
+        assert t["decode_tokens"] > 0 and t["decode_tokens_per_s"] > 0 and t["prompt_tokens_per_s"] > 0
         _text(llm, "b", max_tokens=20, temperature=0.0)
         assert llm.draft_stats.total.drafted > last.drafted  # total keeps counting
         t = llm.timings()
-        assert t["decode_tokens"] > 0 and t["decode_tokens_per_s"] > 0 and t["prompt_tokens_per_s"] > 0
+        assert t["decode_tokens"] > 0 and t["decode_tokens_per_s"] > 0
+        # a prompt of one token to evaluate: it is the held-back one, the prompt phase has none
+        assert (t["prompt_tokens_per_s"] > 0) == (t["prompt_n"] > 1), t
 
 
 SAMPLING = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=3)

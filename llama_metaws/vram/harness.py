@@ -152,9 +152,9 @@ def _run_child(req: dict, emit: _Events) -> None:
     except SamplerError as e:
         report, error = e.report, str(e)
     dec_tokens = sum(t["decode_tokens"] for t in timings)
-    dec_time = sum(t["decode_tokens"] / t["decode_tokens_per_s"] for t in timings if t["decode_tokens_per_s"])
-    pre_tokens = sum(t["prompt_tokens"] for t in timings)
-    pre_time = sum(t["prompt_tokens"] / t["prompt_tokens_per_s"] for t in timings if t["prompt_tokens_per_s"])
+    dec_time = sum(t["predicted_ms"] / 1e3 for t in timings if t["decode_tokens_per_s"])
+    pre_tokens = sum(t["prompt_tokens_per_s"] * t["prompt_ms"] / 1e3 for t in timings)  # the prompt phases'
+    pre_time = sum(t["prompt_ms"] / 1e3 for t in timings if t["prompt_tokens_per_s"])
     emit("result", tokens_per_s=dec_tokens / dec_time if dec_time else None,
          prompt_tokens_per_s=pre_tokens / pre_time if pre_time else None,
          draft_acceptance=acceptance, peak=report.peak, labels=report.labels, notes=report.notes,
