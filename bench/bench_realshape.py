@@ -68,11 +68,14 @@ def child(spec: dict) -> dict:
     if spec["draft_max"]:
         kw.update(draft="mtp", draft_max=spec["draft_max"], phase_aware_workspace=True)
     with Llama(spec["model"], **kw) as llm:
-        llm.create_completion(spec["prompt"][:40], max_tokens=4, temperature=0.0)
+        # a warm-up request sharing no prefix with the measured one: that one evaluates its whole
+        # prompt (with drafting, prompt reuse would otherwise restore the warm-up's checkpoint)
+        llm.create_completion("warm-up " + spec["prompt"][:32], max_tokens=4, temperature=0.0)
         out = llm.create_completion(spec["prompt"], max_tokens=spec["tokens"], temperature=0.0)
         t = llm.timings()
         st = llm.draft_stats.last if spec["draft_max"] else None
-        res = dict(prompt_tps=t["prompt_tokens_per_s"], decode_tps=t["decode_tokens_per_s"],
+        assert t["cache_n"] == 0, t  # the whole prompt evaluated
+        res = dict(prompt_tps=t["prompt_tokens_per_s"], decode_tps=t["decode_tokens_per_s"], ttft_ms=t["ttft_ms"],
                    prompt_tokens=t["prompt_tokens"], tokens=out["usage"]["completion_tokens"],
                    text=out["choices"][0]["text"],
                    drafted=st.drafted if st else 0, accepted=st.accepted if st else 0)
@@ -80,12 +83,25 @@ def child(spec: dict) -> dict:
     return res
 
 
-def _wait(cmd: List[str], timeout: float) -> Tuple[int, str, str, int]:
-    """Run a child; (exit status, stdout, stderr, its peak RSS in bytes from wait4)."""
+def default_threads() -> int:
+    """Every core but one (1 on this 2-core machine): a core left to the rest of the machine
+    keeps a busy neighbour from stalling the configurations' thread barriers."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+def pinned_cores(threads: int) -> List[int]:
+    """The cores every configuration is pinned to: the last ``threads`` this process may use."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[-threads:] if threads < len(cores) else cores
+
+
+def _wait(cmd: List[str], timeout: float, cores: Optional[List[int]] = None) -> Tuple[int, str, str, int]:
+    """Run a child (pinned to ``cores``); (exit status, stdout, stderr, its peak RSS in bytes from wait4)."""
     import tempfile
 
+    pin = None if not cores else (lambda: os.sched_setaffinity(0, cores))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, preexec_fn=pin)
         t0 = time.monotonic()
         while True:
             pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
@@ -106,7 +122,7 @@ def _wait(cmd: List[str], timeout: float) -> Tuple[int, str, str, int]:
 def run_plugin(model: Path, draft_max, a: argparse.Namespace) -> dict:
     spec = dict(model=str(model), draft_max=draft_max, threads=a.threads, tokens=a.tokens,
                 prompt=prompt_text(a.prompt_tokens))
-    rc, out, err, rss = _wait([sys.executable, __file__, "--child", json.dumps(spec)], a.timeout)
+    rc, out, err, rss = _wait([sys.executable, __file__, "--child", json.dumps(spec)], a.timeout, a.cores)
     if rc != 0:
         raise RuntimeError(f"plugin child (draft_max={draft_max}) exited {rc}:\n{err[-2000:]}")
     res = json.loads(out.strip().splitlines()[-1])
@@ -123,7 +139,7 @@ def run_speculative(tool: Path, model: Path, draft_max: int, a: argparse.Namespa
            "-c", str(N_CTX), "-b", str(N_BATCH), "-ub", str(N_BATCH), "-t", str(a.threads),
            "-tb", str(a.threads), "-td", str(a.threads), "--spec-type", "draft-mtp",
            "--spec-draft-n-max", str(draft_max), "--temp", "0", "--seed", "0", "-ngl", "0"]
-    rc, out, err, rss = _wait(cmd, a.timeout)
+    rc, out, err, rss = _wait(cmd, a.timeout, a.cores)
     text = out + err
     if rc != 0:
         raise RuntimeError(f"llama-speculative-simple exited {rc}:\n{text[-3000:]}")
@@ -144,7 +160,7 @@ def run_llama_bench(tool: Path, model: Path, a: argparse.Namespace) -> dict:
     cmd = [str(tool), "-m", str(model), "-p", str(a.prompt_tokens), "-n", str(a.tokens),
            "-b", str(N_BATCH), "-ub", str(N_BATCH), "-t", str(a.threads), "-r", str(a.bench_reps),
            "-ngl", "0", "-o", "json"]
-    rc, out, err, rss = _wait(cmd, a.timeout)
+    rc, out, err, rss = _wait(cmd, a.timeout, a.cores)
     if rc != 0:
         raise RuntimeError(f"llama-bench exited {rc}:\n{(out + err)[-3000:]}")
     rows = json.loads(out)
@@ -214,13 +230,24 @@ def summarize(m: dict) -> Tuple[dict, List[str]]:
         for name, runs in cfgs.items():
             drafted = sum(r.get("drafted", 0) for r in runs)
             s[ag][name] = dict(decode=_med([r["decode_tps"] for r in runs]),
+                               decode_lo=min(r["decode_tps"] for r in runs),
+                               decode_hi=max(r["decode_tps"] for r in runs),
                                prompt=_med([r["prompt_tps"] for r in runs]),
+                               ttft=_med([r["ttft_ms"] for r in runs if "ttft_ms" in r]),
                                accept=(sum(r.get("accepted", 0) for r in runs) / drafted) if drafted else None,
                                rss=max(r["peak_rss"] for r in runs))
             if name.startswith("plugin MTP") and ref is not None:
                 if any(r.get("text") != ref for r in runs):
                     notes.append(f"agreement {ag}, {name}: output differs from no drafting")
     return s, notes
+
+
+def paired(m: dict, ag: float, f) -> float:
+    """The median over the runs of ``f(run)``, ``run`` mapping each configuration to its result
+    in that run: a ratio of configurations measured side by side, minutes apart at most."""
+    cfgs = m["results"][ag]
+    n = min(len(v) for v in cfgs.values())
+    return _med([f({name: v[i] for name, v in cfgs.items()}) for i in range(n)])
 
 
 def _f(x: Optional[float], fmt: str) -> str:
@@ -238,42 +265,54 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         f"the MTP head agreeing with the target at the given rate. Prompt {a.prompt_tokens} tokens, "
         f"{a.tokens} generated, greedy, {a.threads} thread(s), n_ctx {N_CTX}, n_batch/n_ubatch "
         f"{N_BATCH}; each configuration in its own process, the configurations interleaved, "
-        f"{a.runs} run(s) each (medians). `plugin MTP` is `Llama(draft=\"mtp\", draft_max=k, "
-        f"phase_aware_workspace=True)`; `llama.cpp` is `llama-speculative-simple --spec-type "
-        f"draft-mtp --spec-draft-n-max k` (its prompt figure is its `encoded` line: the target's "
-        f"prompt and the draft's catch-up); `llama-bench` is pp{a.prompt_tokens}/tg{a.tokens}. "
+        f"{a.runs} run(s) each (medians; the decode range is the runs' lowest and highest), every "
+        f"child pinned to core(s) {','.join(map(str, a.cores))}. `plugin MTP` is `Llama(draft=\"mtp\", "
+        f"draft_max=k, phase_aware_workspace=True)`; `llama.cpp` is `llama-speculative-simple "
+        f"--spec-type draft-mtp --spec-draft-n-max k`; `llama-bench` is pp{a.prompt_tokens}/tg{a.tokens}. "
+        f"With drafting both loops hold the prompt's last token back and decode it with the first "
+        f"draft, and both report llama-speculative-simple's phases: the prompt figure is its "
+        f"`encoded` line (the prompt but its last token, on the target and the draft context; "
+        f"llama.cpp divides all {a.prompt_tokens} tokens by that time, the plugin the tokens "
+        f"decoded in it), the decode figure every token over the steps after it. Without drafting "
+        f"the prompt phase ends with the first token, as in llama-bench's pp. "
         f"Peak RSS is the child's (file-backed model pages included). Acceptance is not the "
         f"agreement rate: the head's agreeing positions follow a regular pattern along the cycle, "
         f"and a drafting loop's steps can fall in phase with it (k=1 at agreement 0.5 drafts "
         f"mostly agreeing positions); both loops start alike (the prompt's last token held back, "
         f"the first draft made from it), so they visit the same positions.",
         "",
-        "| agreement | configuration | decode t/s | prompt t/s | acceptance | peak RSS MiB |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| agreement | configuration | decode t/s | decode range | prompt t/s | acceptance | peak RSS MiB |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for ag, cfgs in s.items():
         for name, r in cfgs.items():
-            lines.append(f"| {ag:.1f} | {name} | {_f(r['decode'], '.2f')} | {_f(r['prompt'], '.1f')} | "
+            lines.append(f"| {ag:.1f} | {name} | {_f(r['decode'], '.2f')} | {_f(r['decode_lo'], '.2f')}-"
+                         f"{_f(r['decode_hi'], '.2f')} | {_f(r['prompt'], '.1f')} | "
                          f"{_f(r['accept'], '.3f')} | {r['rss'] / 2**20:.0f} |")
-    lines += ["", "Goals (ratios; each from the same interleaved run):", "",
+    lines += ["", "Goals (ratios: the median over the runs of each run's ratio, its configurations "
+              "measured side by side; time to first token is not a goal, shown for what it costs):", "",
               "| agreement | k | MTP decode / llama.cpp's (>= 0.95) | speed-up / llama.cpp's speed-up "
               "(>= 0.95) | prompt with / without drafting (>= 0.9) | acceptance - llama.cpp's "
-              "(within 2 points) |",
-              "|---:|---:|---:|---:|---:|---:|"]
+              "(within 2 points) | time to first token with / without |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
     verdict = {"decode": True, "speedup": True, "prompt": True, "accept": True}
     for ag, cfgs in s.items():
-        base, lb = cfgs["no drafting"], cfgs["llama-bench"]
         for k in a.draft_max:
-            p, c = cfgs[f"plugin MTP k={k}"], cfgs[f"llama.cpp k={k}"]
-            r_dec = p["decode"] / c["decode"]
-            r_sp = (p["decode"] / base["decode"]) / (c["decode"] / lb["decode"])
-            r_pr = p["prompt"] / base["prompt"]
+            pk, ck = f"plugin MTP k={k}", f"llama.cpp k={k}"
+            p, c = cfgs[pk], cfgs[ck]
+            r_dec = paired(m, ag, lambda r: r[pk]["decode_tps"] / r[ck]["decode_tps"])
+            r_sp = paired(m, ag, lambda r: (r[pk]["decode_tps"] / r["no drafting"]["decode_tps"])
+                          / (r[ck]["decode_tps"] / r["llama-bench"]["decode_tps"]))
+            r_pr = paired(m, ag, lambda r: r[pk]["prompt_tps"] / r["no drafting"]["prompt_tps"])
+            r_ttft = paired(m, ag, lambda r: r[pk].get("ttft_ms", float("nan"))
+                            / r["no drafting"].get("ttft_ms", float("nan")))
             d_acc = 100 * ((p["accept"] or 0) - (c["accept"] or 0))
             verdict["decode"] &= r_dec >= 0.95
             verdict["speedup"] &= r_sp >= 0.95
             verdict["prompt"] &= r_pr >= 0.9
             verdict["accept"] &= abs(d_acc) <= 2
-            lines.append(f"| {ag:.1f} | {k} | {r_dec:.2f} | {r_sp:.2f} | {r_pr:.2f} | {d_acc:+.1f} |")
+            lines.append(f"| {ag:.1f} | {k} | {r_dec:.2f} | {r_sp:.2f} | {r_pr:.2f} | {d_acc:+.1f} | "
+                         f"{_f(r_ttft, '.2f')} |")
     lines += ["", "Met at every agreement and k: " + ", ".join(
         f"{name} {'yes' if ok else 'no'}" for name, ok in
         (("decode", verdict["decode"]), ("speed-up", verdict["speedup"]),
@@ -346,10 +385,11 @@ def main() -> None:
                     help=f"comma-separated (default {','.join(map(str, AGREEMENTS))})")
     ap.add_argument("--draft-max", type=lambda v: tuple(int(x) for x in v.split(",")),
                     help=f"comma-separated (default {','.join(map(str, DRAFT_MAX))})")
-    ap.add_argument("--runs", type=int, default=1, help="interleaved runs of every configuration (1)")
+    ap.add_argument("--runs", type=int, default=3, help="interleaved runs of every configuration, medians (3; --quick 1)")
     ap.add_argument("--tokens", type=int, help="tokens generated per request (64; --quick 32)")
     ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help=f"prompt length ({PROMPT_TOKENS})")
-    ap.add_argument("--threads", type=int, default=2, help="threads for every configuration (2)")
+    ap.add_argument("--threads", type=int, default=default_threads(),
+                    help=f"threads for every configuration, each pinned to the last cores (every core but one: {default_threads()})")
     ap.add_argument("--dtype", default="q8_0", choices=("f16", "q8_0"), help="model matrices (q8_0)")
     ap.add_argument("--n-vocab", type=int, default=151936)
     ap.add_argument("--n-embd", type=int, default=1024)
@@ -369,6 +409,9 @@ def main() -> None:
     a.agreements = a.agreements or (QUICK_AGREEMENTS if a.quick else AGREEMENTS)
     a.draft_max = a.draft_max or (QUICK_DRAFT_MAX if a.quick else DRAFT_MAX)
     a.tokens = a.tokens or (32 if a.quick else 64)
+    if a.quick and "--runs" not in sys.argv:
+        a.runs = 1
+    a.cores = pinned_cores(a.threads)
     import _doc
 
     t0 = time.monotonic()
