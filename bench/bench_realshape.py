@@ -59,7 +59,9 @@ def prompt_text(n_tokens: int) -> str:
 
 
 def child(spec: dict) -> dict:
-    """One plugin configuration: load, one warm-up request, one measured request."""
+    """One plugin configuration: load, one warm-up request, one measured request, then
+    ``prompt_repeats - 1`` more prompts of the same length (one token generated) for the
+    prompt figure, the median of them all (each evaluated whole: no prefix shared)."""
     import llama_metaws  # noqa: F401
     from llama_metaws import Llama
 
@@ -75,10 +77,17 @@ def child(spec: dict) -> dict:
         t = llm.timings()
         st = llm.draft_stats.last if spec["draft_max"] else None
         assert t["cache_n"] == 0, t  # the whole prompt evaluated
-        res = dict(prompt_tps=t["prompt_tokens_per_s"], decode_tps=t["decode_tokens_per_s"], ttft_ms=t["ttft_ms"],
-                   prompt_tokens=t["prompt_tokens"], tokens=out["usage"]["completion_tokens"],
-                   text=out["choices"][0]["text"],
+        res = dict(decode_tps=t["decode_tokens_per_s"], prompt_tokens=t["prompt_tokens"],
+                   tokens=out["usage"]["completion_tokens"], text=out["choices"][0]["text"],
                    drafted=st.drafted if st else 0, accepted=st.accepted if st else 0)
+        prompts, ttfts = [t["prompt_tokens_per_s"]], [t["ttft_ms"]]
+        for i in range(1, spec["prompt_repeats"]):
+            llm.create_completion(f"again {i} " + spec["prompt"][8 + len(str(i)):], max_tokens=1, temperature=0.0)
+            t = llm.timings()
+            assert t["cache_n"] == 0 and t["prompt_tokens"] == res["prompt_tokens"], t
+            prompts.append(t["prompt_tokens_per_s"])
+            ttfts.append(t["ttft_ms"])
+        res.update(prompt_tps=statistics.median(prompts), ttft_ms=statistics.median(ttfts))
     res["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return res
 
@@ -121,7 +130,7 @@ def _wait(cmd: List[str], timeout: float, cores: Optional[List[int]] = None) -> 
 
 def run_plugin(model: Path, draft_max, a: argparse.Namespace) -> dict:
     spec = dict(model=str(model), draft_max=draft_max, threads=a.threads, tokens=a.tokens,
-                prompt=prompt_text(a.prompt_tokens))
+                prompt=prompt_text(a.prompt_tokens), prompt_repeats=a.prompt_repeats)
     rc, out, err, rss = _wait([sys.executable, __file__, "--child", json.dumps(spec)], a.timeout, a.cores)
     if rc != 0:
         raise RuntimeError(f"plugin child (draft_max={draft_max}) exited {rc}:\n{err[-2000:]}")
@@ -265,7 +274,8 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         f"the MTP head agreeing with the target at the given rate. Prompt {a.prompt_tokens} tokens, "
         f"{a.tokens} generated, greedy, {a.threads} thread(s), n_ctx {N_CTX}, n_batch/n_ubatch "
         f"{N_BATCH}; each configuration in its own process, the configurations interleaved, "
-        f"{a.runs} run(s) each (medians; the decode range is the runs' lowest and highest), every "
+        f"{a.runs} run(s) each (medians; the decode range is the runs' lowest and highest; a plugin "
+        f"child's prompt figure is the median of {a.prompt_repeats} prompts of that length), every "
         f"child pinned to core(s) {','.join(map(str, a.cores))}. `plugin MTP` is `Llama(draft=\"mtp\", "
         f"draft_max=k, phase_aware_workspace=True)`; `llama.cpp` is `llama-speculative-simple "
         f"--spec-type draft-mtp --spec-draft-n-max k`; `llama-bench` is pp{a.prompt_tokens}/tg{a.tokens}. "
@@ -388,6 +398,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="interleaved runs of every configuration, medians (3; --quick 1)")
     ap.add_argument("--tokens", type=int, help="tokens generated per request (64; --quick 32)")
     ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help=f"prompt length ({PROMPT_TOKENS})")
+    ap.add_argument("--prompt-repeats", type=int, default=2,
+                    help="prompts per plugin child for its prompt figure, the median (2)")
     ap.add_argument("--threads", type=int, default=default_threads(),
                     help=f"threads for every configuration, each pinned to the last cores (every core but one: {default_threads()})")
     ap.add_argument("--dtype", default="q8_0", choices=("f16", "q8_0"), help="model matrices (q8_0)")
