@@ -396,7 +396,10 @@ class Llama(llama_cpp.Llama):
     def _with_budget(self, inner, budget):
         # runs from the first next(), on that thread, which then starts generate() inside `inner`
         self._budgets.next = budget
-        return (yield from inner)
+        try:
+            return (yield from inner)
+        finally:  # a completion that failed before generate() started leaves no stale budget
+            self._budgets.next = None
 
     def _generate_held(self, tokens, *args, **kwargs):
         self.draft_stats.last = DraftStats()
