@@ -82,7 +82,8 @@ def child(spec: dict) -> dict:
                    drafted=st.drafted if st else 0, accepted=st.accepted if st else 0)
         prompts, ttfts = [t["prompt_tokens_per_s"]], [t["ttft_ms"]]
         for i in range(1, spec["prompt_repeats"]):
-            llm.create_completion(f"again {i} " + spec["prompt"][8 + len(str(i)):], max_tokens=1, temperature=0.0)
+            head = f"again {i} "  # the measured prompt's length, a prefix of its own
+            llm.create_completion(head + spec["prompt"][len(head):], max_tokens=1, temperature=0.0)
             t = llm.timings()
             assert t["cache_n"] == 0 and t["prompt_tokens"] == res["prompt_tokens"], t
             prompts.append(t["prompt_tokens_per_s"])
