@@ -178,7 +178,9 @@ OTHER_CONCERNS = {"0011-llama-recurrent-seq_rm-refuses-what-its-snapshots-ca.pat
                   "0015-ggml-meta-relay-host-staged-all-reduce-copies-with-e.patch": 50,
                   "0016-ggml-rpc-2-D-tensor-copies-as-packed-commands.patch": 70,
                   # host-resident KV under tensor split: split by head in the meta backend
-                  "0013-ggml-meta-split-a-host-resident-KV-cache-by-head.patch": 200}
+                  "0013-ggml-meta-split-a-host-resident-KV-cache-by-head.patch": 200,
+                  # drafting's cost: the MTP block on its output rows
+                  "0017-llama-qwen35-s-MTP-block-runs-past-attention-on-its-.patch": 20}
 
 
 def _production_lines(patch: Path) -> int:
