@@ -9,7 +9,10 @@ at the end of each prompt and every ``checkpoint_every`` tokens of a long one. A
 restores the newest checkpoint inside the prefix it shares with the tokens held, cuts the
 attention KV after it and evaluates only the rest. A checkpoint is also taken 4 tokens before the
 end of each prompt, as llama-server does, for a next prompt that parts from this one in its last
-tokens (the same prompt again, a template's or a tokenizer's seam).
+tokens (the same prompt again, a template's or a tokenizer's seam). Where the target's rollback
+snapshots reach that far back (``n_rs_seq >= 3``: ``draft_max`` 3 or more), that one is read from
+them after the prompt's last batch (the series' patch 0018, :func:`state_back`); else the prompt's
+batches end there too, which costs one more small batch.
 
 A :class:`Checkpoint` also keeps the tokens it covers (it is valid only while the context holds
 exactly those tokens before it) and the target's hidden row of its last position (the MTP draft
@@ -26,6 +29,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ._binding import llama_cpp
+from ._native import check_error, ffi, lib
+from .buffers import context_address
 
 __all__ = ["Checkpoint", "CheckpointStore", "PromptReuse", "DraftingLlamaState", "DEFAULT_CTX_CHECKPOINTS",
            "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_CHECKPOINT_BYTES", "common_prefix"]
@@ -40,6 +45,21 @@ DEFAULT_CHECKPOINT_BYTES = 1 << 30
 TAIL = 4
 
 PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+
+
+def state_back(ctx, n_back: int, seq_id: int = 0) -> Optional[bytes]:
+    """The recurrent part of sequence ``seq_id``'s state in ``ctx`` as it stood ``n_back``
+    positions before its last one (``llama_state_seq_get_data_ext`` with ``PARTIAL_ONLY`` then,
+    read back by it), from the rollback snapshots of the last decode (patch 0018); None when they
+    do not reach back so far. The sequence itself is left as it is."""
+    c = ffi.cast("struct llama_context *", context_address(ctx))
+    size = ffi.new("size_t *")
+    check_error(lib.lmws_state_seq_size_back(c, seq_id, n_back, size))
+    if size[0] == 0:
+        return None
+    buf = ffi.new("uint8_t[]", size[0])
+    check_error(lib.lmws_state_seq_get_back(c, seq_id, n_back, buf, size[0], size))
+    return bytes(ffi.buffer(buf, size[0]))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -96,21 +116,29 @@ class CheckpointStore:
     def newest(self) -> Optional[Checkpoint]:
         return max(self.items, key=lambda c: c.n_tokens, default=None)
 
-    def save(self, ctx, tokens: Sequence[int], row: Optional[np.ndarray]) -> Optional[Checkpoint]:
-        """Copy the recurrent state of ``ctx`` (a llama_context pointer), which holds ``tokens``."""
+    def save(self, ctx, tokens: Sequence[int], row: Optional[np.ndarray], back: int = 0) -> Optional[Checkpoint]:
+        """Copy the recurrent state of ``ctx`` (a llama_context pointer) after ``tokens``: its
+        state now, or ``back`` positions before now (:func:`state_back`; skipped when its
+        snapshots do not reach)."""
         if not self.enabled or len(tokens) == 0:
             return None
         n = len(tokens)
-        size = int(llama_cpp.llama_state_seq_get_size_ext(ctx, self.seq_id, PARTIAL))
         extra = n * np.dtype(np.intc).itemsize + (0 if row is None else row.nbytes)
+        if back:
+            state = state_back(ctx, back, self.seq_id)
+            size = 0 if state is None else len(state)
+        else:
+            size = int(llama_cpp.llama_state_seq_get_size_ext(ctx, self.seq_id, PARTIAL))
         if size == 0 or size + extra > self.max_bytes:
-            self.skipped += 1  # never fits: keep the ones there are
+            self.skipped += 1  # never fits (or not there): keep the ones there are
             return None
-        buf = (ctypes.c_uint8 * size)()
-        got = int(llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, self.seq_id, PARTIAL))
-        if got == 0 or got > size:
-            raise RuntimeError(f"llama_state_seq_get_data_ext returned {got} bytes for a state of {size}")
-        cp = Checkpoint(n, np.asarray(tokens, dtype=np.intc).copy(), bytes(buf)[:got],
+        if not back:
+            buf = (ctypes.c_uint8 * size)()
+            got = int(llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, self.seq_id, PARTIAL))
+            if got == 0 or got > size:
+                raise RuntimeError(f"llama_state_seq_get_data_ext returned {got} bytes for a state of {size}")
+            state = bytes(buf)[:got]
+        cp = Checkpoint(n, np.asarray(tokens, dtype=np.intc).copy(), state,
                         None if row is None else np.asarray(row, dtype=np.float32).copy())
         self.items = [c for c in self.items if c.n_tokens != n]  # one per position: the newest
         self.items.append(cp)
@@ -180,33 +208,51 @@ class PromptReuse:
         self.every = checkpoint_every
         self.active = False
 
-    def chunks(self, n_past: int, n: int, n_batch: int, prompt: bool, held_back: int = 0):
-        """(start, size, checkpoint after it) for evaluating ``n`` tokens after ``n_past``, less
-        the last ``held_back`` (evaluated later, with drafts): chunks of ``n_batch`` at most; for a
-        request's ``prompt``, also ending (with a checkpoint) at each multiple of ``every``,
-        :data:`TAIL` tokens before the end (as llama-server does: the next prompt may part from
-        this one in its last tokens, a chat template's or a tokenizer's seam) and at the end of
-        what is evaluated here."""
+    def chunks(self, n_past: int, n: int, n_batch: int, prompt: bool, held_back: int = 0, reach: int = 0):
+        """(start, size, backs) for evaluating ``n`` tokens after ``n_past``, less the last
+        ``held_back`` (evaluated later, with drafts): chunks of ``n_batch`` at most; ``backs``, the
+        checkpoints to take after a chunk, each as positions before its end (0: at its end).
+
+        A request's ``prompt`` takes one at each multiple of ``every`` and at the end of what is
+        evaluated here (chunks end there), and one :data:`TAIL` tokens before the end (as
+        llama-server does: the next prompt may part from this one in its last tokens, a chat
+        template's or a tokenizer's seam). That one is read from the last decode's rollback
+        snapshots when they reach it (``reach``: the target's ``n_rs_seq``; the snapshots hold
+        the states after a batch's last ``reach + 1`` tokens), else a chunk ends there too."""
         save = prompt and self.active and self.store.enabled
         end = n - held_back
-        stops = set()
+        stops, tail = set(), n - TAIL
         if save:
             stops.add(end)
-            if n > TAIL:
-                stops.add(n - TAIL)
             if self.every:
                 stops.update(range(self.every - n_past % self.every, n, self.every))
         stops = {x for x in stops if 0 < x <= end}
+        bounds = list(self._bounds(end, n_batch, stops))
+        taken = {}
+        if save and 0 < tail <= end and tail not in stops:
+            start, stop = next((a, b) for a, b in bounds if a < tail <= b)
+            if stop - tail <= min(reach, stop - start - 1):
+                taken[stop] = stop - tail
+            else:
+                stops.add(tail)
+                bounds = list(self._bounds(end, n_batch, stops))
+        for start, stop in bounds:
+            backs = ([taken[stop]] if stop in taken else []) + ([0] if stop in stops else [])
+            yield start, stop - start, backs
+
+    @staticmethod
+    def _bounds(end: int, n_batch: int, stops: set):
         start = 0
         while start < end:
             stop = min([start + n_batch, end] + [x for x in stops if x > start])
-            yield start, stop - start, stop in stops
+            yield start, stop
             start = stop
 
-    def save(self, llm) -> None:
-        """A checkpoint of the target as it stands (every position evaluated is in the prompt)."""
-        n = llm.n_tokens
-        self.store.save(llm._ctx.ctx, llm.input_ids[:n], llm._mtp.rows.get(n - 1))
+    def save(self, llm, back: int = 0) -> None:
+        """A checkpoint of the target as it stands, or ``back`` positions before (from its
+        rollback snapshots); every position evaluated is in the prompt."""
+        n = llm.n_tokens - back
+        self.store.save(llm._ctx.ctx, llm.input_ids[:n], llm._mtp.rows.get(n - 1), back)
 
     def start(self, llm, tokens: List[int]) -> None:
         """Put the target (and the draft context) at the longest reusable prefix of ``tokens``.

@@ -326,12 +326,13 @@ class Llama(llama_cpp.Llama):
         self._verifying = self._in_request
         tokens = list(tokens)
         # chunks of n_batch at most; a request's prompt ends one at each checkpoint position
-        for start, n, checkpoint in self._reuse.chunks(self.n_tokens, len(tokens), self.n_batch, prompt,
-                                                       held_back=1 if prompt else 0):
+        for start, n, backs in self._reuse.chunks(self.n_tokens, len(tokens), self.n_batch, prompt,
+                                                  held_back=1 if prompt else 0,
+                                                  reach=self._mtp.drafter.rollback_states):
             # a prompt's chunks need no logits: the held-back token's batch below gives them
             self._decode_chunk(tokens[start : start + n], "all" if every_row else "none" if prompt else "last")
-            if checkpoint:
-                self._reuse.save(self)
+            for back in backs:
+                self._reuse.save(self, back)
         if prompt and tokens:
             self._t_encoded = time.perf_counter()  # llama-speculative-simple's end of "encoded"
             last, n_past = tokens[-1], self.n_tokens

@@ -103,6 +103,29 @@ int lmws_compute_buffer_state(const struct llama_context * ctx, int i, struct gg
     return LMWS_OK;
 }
 
+// prompt reuse: a checkpoint from the rollback snapshots
+
+int lmws_state_seq_size_back(struct llama_context * ctx, int32_t seq_id, uint32_t n_back, size_t * size) {
+    if (ctx == NULL || size == NULL) {
+        return lmws_fail(LMWS_EINVAL, "state: NULL context");
+    }
+    *size = llama_state_seq_get_size_back(ctx, seq_id, n_back);
+    return LMWS_OK;
+}
+
+int lmws_state_seq_get_back(struct llama_context * ctx, int32_t seq_id, uint32_t n_back,
+                            uint8_t * dst, size_t size, size_t * written) {
+    if (ctx == NULL || dst == NULL || written == NULL) {
+        return lmws_fail(LMWS_EINVAL, "state: NULL context or buffer");
+    }
+    *written = llama_state_seq_get_data_back(ctx, dst, size, seq_id, n_back);
+    if (*written == 0) {
+        return lmws_fail(LMWS_EFAILED, "state: sequence %d as it stood %u positions back could not be "
+                                       "written into %zu bytes (see llama's log)", (int) seq_id, n_back, size);
+    }
+    return LMWS_OK;
+}
+
 // tensor split: meta sharing, and the ggml-level reproduction of the shared meta buffer crash
 
 int lmws_workspace_set_meta_sharing(struct llama_context * owner, int sharing) {

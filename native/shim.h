@@ -47,6 +47,12 @@ int lmws_cpu_meta_device(int n_devices, ggml_backend_dev_t * out);
 int lmws_repro_meta_shared(int sharing, int n_devices, uint64_t * owner_generations);
 int lmws_meta_alias_check(int n_devices, int * alias_of_plain, int * alias_of_alias);
 
+// prompt reuse: the recurrent state of a sequence as it stood n_back positions before its last
+// one, from its last decode's rollback snapshots (patch 0018); *size 0: they do not reach back
+int lmws_state_seq_size_back(struct llama_context * ctx, int32_t seq_id, uint32_t n_back, size_t * size);
+int lmws_state_seq_get_back(struct llama_context * ctx, int32_t seq_id, uint32_t n_back,
+                            uint8_t * dst, size_t size, size_t * written);
+
 // the planner: llama.cpp's memory breakdown of a context, one entry per buffer type
 // (breakdown.cpp). With a no_alloc model these are the bytes the allocators would allocate;
 // compute counts each scheduler backend, so a buffer type used by k backends is counted k times.

@@ -179,8 +179,10 @@ OTHER_CONCERNS = {"0011-llama-recurrent-seq_rm-refuses-what-its-snapshots-ca.pat
                   "0016-ggml-rpc-2-D-tensor-copies-as-packed-commands.patch": 70,
                   # host-resident KV under tensor split: split by head in the meta backend
                   "0013-ggml-meta-split-a-host-resident-KV-cache-by-head.patch": 200,
-                  # drafting's cost: the MTP block on its output rows
-                  "0017-llama-qwen35-s-MTP-block-runs-past-attention-on-its-.patch": 20}
+                  # drafting's cost: the MTP block on its output rows, a checkpoint read from
+                  # the rollback snapshots
+                  "0017-llama-qwen35-s-MTP-block-runs-past-attention-on-its-.patch": 20,
+                  "0018-llama-a-recurrent-state-as-it-stood-a-few-positions-.patch": 100}
 
 
 def _production_lines(patch: Path) -> int:

@@ -177,3 +177,28 @@ def test_the_same_prompt_again_restores_the_checkpoint_before_its_last_token(agr
         # the checkpoint where the prompt's decoding stopped before its held-back last token
         assert llm.timings()["cache_n"] == len(P1) - 1 and llm.timings()["prompt_n"] == 1
     assert again == first
+
+
+@pytest.mark.parametrize("draft_max", [1, 3])
+def test_a_prompt_parting_in_its_last_tokens_restores_the_tail_checkpoint(agree_path, draft_max):
+    with Llama(agree_path, draft="mtp", draft_max=draft_max, checkpoint_every=0, **KW) as llm:
+        sizes, decode = [], llm._ctx.decode
+
+        def counted(batch):
+            sizes.append(batch.batch.n_tokens)
+            return decode(batch)
+
+        llm._ctx.decode = counted
+        run(llm, P1, 8)
+        assert llm.checkpoint_stats()["positions"] == [len(P1) - 4, len(P1) - 1]
+        if draft_max >= 3:  # the target's snapshots reach 3 back: one batch, the checkpoint read from them
+            assert sizes[0] == len(P1) - 1
+        else:  # they do not: the prompt's batches end there too
+            assert sizes[:2] == [len(P1) - 4, 3]
+        p2 = P1[:38] + NEW  # parts from P1 between the tail checkpoint (36) and the end
+        a2 = run(llm, p2, 12)
+        t, stats = llm.timings(), llm.checkpoint_stats()
+    assert stats["restored"] == 1
+    assert t["cache_n"] == len(P1) - 4 and t["prompt_n"] == len(p2) - t["cache_n"]
+    with Llama(agree_path, draft="mtp", draft_max=draft_max, **KW) as fresh:
+        assert a2 == run(fresh, p2, 12)

@@ -1,10 +1,12 @@
-"""The series' last patch at llama level: a recurrent memory with rollback snapshots (n_rs_seq)
-answers ``llama_memory_seq_rm`` truthfully (llama.cpp issue 26695).
+"""A recurrent memory's rollback snapshots (n_rs_seq) at llama level: patch 0011, which makes
+``llama_memory_seq_rm`` answer truthfully (llama.cpp issue 26695), and patch 0018, which reads a
+state a few positions back out of them (``llama_state_seq_get_data_back``).
 
 The gated delta net writes snapshot groups 0 .. n-1 for a ubatch of n tokens: a rollback by
 r < n (and r <= n_rs_seq) is exact and answers true; anything else (the whole last decode, past
 n_rs_seq, after a restored state, a range inside the state) answers false and leaves the state
-as it was, so the next decode continues exactly where it stood.
+as it was, so the next decode continues exactly where it stood. The same groups give the state
+as it stood r positions back, byte for byte what a checkpoint taken there would hold.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import llama_metaws  # noqa: F401  (points llama_cpp at the patched build: impor
 import llama_cpp
 
 from llama_metaws import loading
-from llama_metaws.testing import N_VOCAB, make_tiny_mtp_model
+from llama_metaws.checkpoints import PARTIAL, state_back
+from llama_metaws.testing import N_VOCAB, make_tiny_model, make_tiny_mtp_model
 
 PROMPT = [(5 * i + 2) % N_VOCAB for i in range(8)]
 A, B, C, D, Y = 17, 42, 99, 3, 64
@@ -163,3 +166,81 @@ def test_without_snapshots_every_partial_rollback_is_refused(model):
         assert c.pos_max() == 9
     finally:
         c.close()
+
+
+# patch 0018: a state read back from the snapshots
+
+
+def _partial_state(ctx) -> bytes:
+    size = llama_cpp.llama_state_seq_get_size_ext(ctx.ctx.ctx, 0, PARTIAL)
+    buf = (ctypes.c_uint8 * size)()
+    got = llama_cpp.llama_state_seq_get_data_ext(ctx.ctx.ctx, buf, size, 0, PARTIAL)
+    assert got > 0
+    return bytes(buf)[:got]
+
+
+@pytest.mark.parametrize("back", [0, 1, 2, 3])
+def test_a_state_read_back_from_the_snapshots_is_the_one_saved_there(model, ctx, back):
+    ctx.decode(PROMPT, 0)
+    got = state_back(ctx.ctx.ctx, back)
+    there = Ctx(model)
+    try:
+        there.decode(PROMPT[: len(PROMPT) - back], 0)
+        assert got == _partial_state(there)  # byte for byte: positions and every layer's rows
+    finally:
+        there.close()
+    assert ctx.pos_max() == len(PROMPT) - 1  # the sequence itself did not move
+
+
+def test_a_state_read_back_restores_and_continues_exactly(model, ctx):
+    ctx.decode(PROMPT, 0)
+    state = state_back(ctx.ctx.ctx, 3)
+    buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+    assert llama_cpp.llama_state_seq_set_data_ext(ctx.ctx.ctx, buf, len(state), 0, PARTIAL) == len(state)
+    assert ctx.rm(5)  # the attention KV after it (the recurrent part is at 4 already)
+    assert ctx.pos_max() == 4
+    got = ctx.decode([Y], 5)
+    assert np.allclose(got, _reference(model, [PROMPT[:5], [Y]]), atol=TOL)
+
+
+def test_reading_a_state_back_leaves_the_rollback_as_it_was(model, ctx):
+    ctx.decode(PROMPT, 0)
+    ctx.decode([A, B, C, D], 8)
+    assert state_back(ctx.ctx.ctx, 2) is not None
+    assert ctx.pos_max() == 11
+    assert ctx.rm(9)  # the snapshots are still there and nothing is pending
+    got = ctx.decode([Y], 9)
+    assert np.allclose(got, _reference(model, [PROMPT, [A], [Y]]), atol=TOL)
+
+
+def test_a_state_the_snapshots_do_not_hold_is_not_read_back(model, ctx):
+    ctx.decode(PROMPT, 0)
+    assert state_back(ctx.ctx.ctx, 4) is None  # past n_rs_seq = 3
+    ctx.decode([A, B], 8)
+    assert state_back(ctx.ctx.ctx, 2) is None  # the whole last decode
+    assert state_back(ctx.ctx.ctx, 1) is not None
+    assert ctx.rm(9)  # a rollback pending: the snapshots no longer read as the last decode's
+    assert state_back(ctx.ctx.ctx, 1) is None
+    assert ctx.pos_max() == 8
+    got = ctx.decode([Y], 9)
+    assert np.allclose(got, _reference(model, [PROMPT, [A], [Y]]), atol=TOL)
+
+
+def test_without_snapshots_or_recurrent_state_nothing_is_read_back(model, models_dir):
+    c = Ctx(model, n_rs_seq=0)
+    try:
+        c.decode(PROMPT, 0)
+        assert state_back(c.ctx.ctx, 1) is None
+        assert state_back(c.ctx.ctx, 0) == _partial_state(c)  # 0: the state as it stands
+    finally:
+        c.close()
+    plain = loading.load_model(make_tiny_model(models_dir / "seq-rm-llama.gguf", arch="llama"))
+    try:
+        c = Ctx(plain, n_rs_seq=0)
+        try:
+            c.decode(PROMPT, 0)
+            assert state_back(c.ctx.ctx, 0) is None  # no recurrent part to read
+        finally:
+            c.close()
+    finally:
+        plain.close()

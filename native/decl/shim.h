@@ -33,6 +33,12 @@ int lmws_cpu_meta_device(int n_devices, ggml_backend_dev_t * out);
 int lmws_repro_meta_shared(int sharing, int n_devices, uint64_t * owner_generations);
 int lmws_meta_alias_check(int n_devices, int * alias_of_plain, int * alias_of_alias);
 
+/* prompt reuse: a recurrent state n_back positions back, from the rollback snapshots (patch 0018);
+   *size 0 when they do not reach back so far */
+int lmws_state_seq_size_back(struct llama_context * ctx, int32_t seq_id, uint32_t n_back, size_t * size);
+int lmws_state_seq_get_back(struct llama_context * ctx, int32_t seq_id, uint32_t n_back,
+                            uint8_t * dst, size_t size, size_t * written);
+
 /* the planner (breakdown.cpp): llama.cpp's memory breakdown, one entry per buffer type */
 struct lmws_memory_entry {
     ggml_backend_buffer_type_t buft;
