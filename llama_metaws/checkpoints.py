@@ -230,8 +230,8 @@ class PromptReuse:
         bounds = list(self._bounds(end, n_batch, stops))
         taken = {}
         if save and 0 < tail <= end and tail not in stops:
-            start, stop = next((a, b) for a, b in bounds if a < tail <= b)
-            if stop - tail <= min(reach, stop - start - 1):
+            stop = next(b for a, b in bounds if a < tail <= b)
+            if stop - tail <= reach:  # fewer than the chunk's tokens: its last ubatch holds them
                 taken[stop] = stop - tail
             else:
                 stops.add(tail)

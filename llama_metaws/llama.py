@@ -325,10 +325,12 @@ class Llama(llama_cpp.Llama):
         every_row = self._logits_all or self._verifying
         self._verifying = self._in_request
         tokens = list(tokens)
-        # chunks of n_batch at most; a request's prompt ends one at each checkpoint position
+        # chunks of n_batch at most; a request's prompt ends one at each checkpoint position but
+        # the one read from the rollback snapshots (not with every row: llama then splits a
+        # batch into ubatches without keeping its last tokens together)
+        reach = 0 if every_row else self._mtp.drafter.rollback_states
         for start, n, backs in self._reuse.chunks(self.n_tokens, len(tokens), self.n_batch, prompt,
-                                                  held_back=1 if prompt else 0,
-                                                  reach=self._mtp.drafter.rollback_states):
+                                                  held_back=1 if prompt else 0, reach=reach):
             # a prompt's chunks need no logits: the held-back token's batch below gives them
             self._decode_chunk(tokens[start : start + n], "all" if every_row else "none" if prompt else "last")
             for back in backs:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llama_metaws import Llama
-from llama_metaws.checkpoints import common_prefix
+from llama_metaws.checkpoints import PromptReuse, common_prefix
 from llama_metaws.testing import N_VOCAB, generate_n, make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
@@ -179,9 +179,10 @@ def test_the_same_prompt_again_restores_the_checkpoint_before_its_last_token(agr
     assert again == first
 
 
-@pytest.mark.parametrize("draft_max", [1, 3])
-def test_a_prompt_parting_in_its_last_tokens_restores_the_tail_checkpoint(agree_path, draft_max):
-    with Llama(agree_path, draft="mtp", draft_max=draft_max, checkpoint_every=0, **KW) as llm:
+@pytest.mark.parametrize("draft_max,logits_all", [(1, False), (3, False), (3, True)])
+def test_a_prompt_parting_in_its_last_tokens_restores_the_tail_checkpoint(agree_path, draft_max, logits_all):
+    kw = dict(KW, draft_max=draft_max, logits_all=logits_all)
+    with Llama(agree_path, draft="mtp", checkpoint_every=0, **kw) as llm:
         sizes, decode = [], llm._ctx.decode
 
         def counted(batch):
@@ -191,14 +192,34 @@ def test_a_prompt_parting_in_its_last_tokens_restores_the_tail_checkpoint(agree_
         llm._ctx.decode = counted
         run(llm, P1, 8)
         assert llm.checkpoint_stats()["positions"] == [len(P1) - 4, len(P1) - 1]
-        if draft_max >= 3:  # the target's snapshots reach 3 back: one batch, the checkpoint read from them
+        if draft_max >= 3 and not logits_all:  # the snapshots reach 3 back: one batch, read from them
             assert sizes[0] == len(P1) - 1
-        else:  # they do not: the prompt's batches end there too
+        else:  # they do not (or llama splits an every-row batch as it likes): the batches end there
             assert sizes[:2] == [len(P1) - 4, 3]
         p2 = P1[:38] + NEW  # parts from P1 between the tail checkpoint (36) and the end
         a2 = run(llm, p2, 12)
         t, stats = llm.timings(), llm.checkpoint_stats()
     assert stats["restored"] == 1
     assert t["cache_n"] == len(P1) - 4 and t["prompt_n"] == len(p2) - t["cache_n"]
-    with Llama(agree_path, draft="mtp", draft_max=draft_max, **KW) as fresh:
+    with Llama(agree_path, draft="mtp", **kw) as fresh:
         assert a2 == run(fresh, p2, 12)
+
+
+@pytest.mark.parametrize("n,n_batch,reach,every,want", [
+    # the tail (n - 4) read 3 back from the end of the prompt's one batch
+    (40, 64, 3, 0, [(0, 39, [3, 0])]),
+    # no snapshots that far: the batches end at the tail too
+    (40, 64, 2, 0, [(0, 36, [0]), (36, 3, [0])]),
+    # the tail in the batch before the last, 2 back from its end
+    (66, 64, 3, 0, [(0, 64, [2]), (64, 1, [0])]),
+    # the tail on a multiple of every: one checkpoint there
+    (36, 64, 3, 16, [(0, 16, [0]), (16, 16, [0]), (32, 3, [0])]),
+    # every 16 and the tail 3 back from the end
+    (40, 64, 3, 16, [(0, 16, [0]), (16, 16, [0]), (32, 7, [3, 0])]),
+])
+def test_prompt_chunks_end_at_checkpoints_but_the_one_read_back(n, n_batch, reach, every, want):
+    reuse = PromptReuse(checkpoint_every=every)
+    reuse.active = True
+    assert list(reuse.chunks(0, n, n_batch, True, held_back=1, reach=reach)) == want
+    # not a prompt: no checkpoints, chunks of n_batch
+    assert [c[2] for c in reuse.chunks(0, n, n_batch, False, reach=reach)] == [[]] * -(-n // n_batch)
