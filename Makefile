@@ -32,6 +32,7 @@ SANITIZE_ENV := $(SANITIZE_MANIFEST) \
 # (make test walks them all).
 SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py \
 	tests/test_memory_pressure.py tests/test_host_kv.py tests/test_sweep.py \
+	tests/test_recurrent_seq_rm.py tests/test_mtp_block.py \
 	tests/test_llama_archs.py::test_the_phase_workspace_lifecycle_over_a_random_mtp_model
 
 .PHONY: setup build demo test peer-tests bench sanitize clean-build gpu-kit gpu-kit-dry-run
