@@ -79,7 +79,7 @@ class Checkpoint:
 
     n_tokens: int
     tokens: np.ndarray          # the tokens it covers (intc)
-    state: bytes                # llama_state_seq_get_data_ext(..., PARTIAL_ONLY)
+    state: bytes                # what llama_state_seq_get_data_ext(..., PARTIAL_ONLY) writes
     row: Optional[np.ndarray]   # the target's hidden row of position n_tokens - 1 (None: unknown)
 
     @property
@@ -124,20 +124,10 @@ class CheckpointStore:
             return None
         n = len(tokens)
         extra = n * np.dtype(np.intc).itemsize + (0 if row is None else row.nbytes)
-        if back:
-            state = state_back(ctx, back, self.seq_id)
-            size = 0 if state is None else len(state)
-        else:
-            size = int(llama_cpp.llama_state_seq_get_size_ext(ctx, self.seq_id, PARTIAL))
-        if size == 0 or size + extra > self.max_bytes:
+        state = state_back(ctx, back, self.seq_id)  # back 0: the state as it stands
+        if state is None or len(state) + extra > self.max_bytes:
             self.skipped += 1  # never fits (or not there): keep the ones there are
             return None
-        if not back:
-            buf = (ctypes.c_uint8 * size)()
-            got = int(llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, self.seq_id, PARTIAL))
-            if got == 0 or got > size:
-                raise RuntimeError(f"llama_state_seq_get_data_ext returned {got} bytes for a state of {size}")
-            state = bytes(buf)[:got]
         cp = Checkpoint(n, np.asarray(tokens, dtype=np.intc).copy(), state,
                         None if row is None else np.asarray(row, dtype=np.float32).copy())
         self.items = [c for c in self.items if c.n_tokens != n]  # one per position: the newest
