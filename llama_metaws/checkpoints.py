@@ -2,9 +2,10 @@
 
 A recurrent or hybrid target (qwen35) cannot cut its state back to an arbitrary position: the
 state folds in every token, and its rollback snapshots (``n_rs_seq``) reach only into the last
-decode (with the series' last patch ``llama_memory_seq_rm`` says so by returning false). So
+decode (with the series' patch 0011 ``llama_memory_seq_rm`` says so by returning false). So
 prompt reuse keeps, as llama-server does with ``--ctx-checkpoints``, copies of the recurrent
-part of the state (``llama_state_seq_get_data_ext`` with ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``)
+part of the state (what ``llama_state_seq_get_data_ext`` writes with
+``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``, taken through patch 0018's call, :func:`state_back`)
 at the end of each prompt and every ``checkpoint_every`` tokens of a long one. A later request
 restores the newest checkpoint inside the prefix it shares with the tokens held, cuts the
 attention KV after it and evaluates only the rest. A checkpoint is also taken 4 tokens before the
