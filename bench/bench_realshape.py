@@ -411,6 +411,10 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
             if st is not None:
                 d, acc = within_budget(st, a.tokens)
                 d_acc = 100 * ((p["accept"] or 0) - (acc / d if d else 0))
+                whole = (sum(x for _, x in st), sum(x for x, _ in st))
+                if any((r["drafted"], r["accepted"]) != whole for r in m["results"][ag][ck]):
+                    notes.append(f"agreement {ag}, {ck}: its per-step run drafted/accepted {whole[0]}/{whole[1]}, "
+                                 "not what its timed runs printed")
             verdict["decode"] &= r_dec >= 0.95
             verdict["speedup"] &= r_sp >= 0.95
             if not paired_prompt:
