@@ -66,6 +66,12 @@ def prompt_text(n_tokens: int) -> str:
 # the plugin, in a child process
 
 
+def llama_kw(threads: int) -> dict:
+    """The ``Llama`` options every plugin child shares (llama.cpp's tools get the same by flag)."""
+    return dict(n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+
+
 def child(spec: dict) -> dict:
     """One plugin configuration: load, one warm-up request, one measured request, then
     ``prompt_repeats - 1`` more prompts of the same length (one token generated) for the
@@ -73,8 +79,7 @@ def child(spec: dict) -> dict:
     import llama_metaws  # noqa: F401
     from llama_metaws import Llama
 
-    kw = dict(n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=spec["threads"],
-              n_threads_batch=spec["threads"], verbose=False)
+    kw = llama_kw(spec["threads"])
     if spec["draft_max"]:
         kw.update(draft="mtp", draft_max=spec["draft_max"], phase_aware_workspace=True)
     with Llama(spec["model"], **kw) as llm:
@@ -107,8 +112,7 @@ def pair_child(spec: dict) -> dict:
     (each evaluated whole: no prefix shared); the ratios of their prompt tokens/s, pair by pair."""
     from llama_metaws import Llama
 
-    kw = dict(n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH, n_threads=spec["threads"],
-              n_threads_batch=spec["threads"], verbose=False)
+    kw = llama_kw(spec["threads"])
     prompt = spec["prompt"]
     with Llama(spec["model"], **kw) as plain, \
             Llama(spec["model"], draft="mtp", draft_max=spec["draft_max"], phase_aware_workspace=True, **kw) as mtp:
