@@ -15,7 +15,7 @@ from pathlib import Path
 import _doc
 
 import llama_metaws  # noqa: F401
-from llama_metaws.plan import MiB, plan
+from llama_metaws.tools.plan import MiB, plan
 
 CONFIG = Path(__file__).resolve().parent / "qwen3.6-27b-config.json"
 SEED = {  # the seed's peaks (nvidia-smi, whole GPU), MiB: (CUDA0, CUDA1)

@@ -257,7 +257,7 @@ def _med(xs: List[float]) -> float:
 
 
 def measure(a: argparse.Namespace) -> dict:
-    from llama_metaws import tools_build
+    from llama_metaws.native import tools_build
     from llama_metaws.testing import BENCH_SHAPE, make_mtp_model
 
     tools = tools_build.find_tools()

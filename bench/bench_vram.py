@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401
-from llama_metaws import vram  # noqa: E402
+from llama_metaws.tools import vram  # noqa: E402
 
 import _doc  # noqa: E402
 

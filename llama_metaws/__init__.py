@@ -4,7 +4,7 @@ Importing this package points llama-cpp-python at our patched llama.cpp build (s
 ``runtime.prepare``): import it before ``llama_cpp``.
 """
 
-from . import runtime as _runtime
+from .native import runtime as _runtime
 
 __version__ = "0.1.0"
 

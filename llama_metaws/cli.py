@@ -12,7 +12,7 @@ from . import flags
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from . import build, manifest, tools_build
+    from .native import build, manifest, tools_build
 
     try:
         b = build.build(force=args.force)
@@ -31,7 +31,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _print_devices() -> None:
-    from .devices import list_devices
+    from .engine.devices import list_devices
 
     print("devices:")
     for d in list_devices():
@@ -41,7 +41,7 @@ def _print_devices() -> None:
 
 def _cmd_devices(args: argparse.Namespace) -> int:
     if args.rpc:
-        from . import rpc
+        from .engine import rpc
 
         try:
             rpc.connect(args.rpc)  # the servers' devices join the registry
@@ -54,7 +54,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 def _default_model() -> Path:
     """The embedded default: the tiny MTP model, made once into the cache."""
-    from .build import cache_root
+    from .native.build import cache_root
     from .testing import make_tiny_mtp_model
 
     path = cache_root() / "models" / "tiny-qwen35-mtp-agreement-0.8.gguf"
@@ -64,7 +64,7 @@ def _default_model() -> Path:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """Devices, a short MTP completion, then the seed's table on the embedded tiny model."""
-    from . import vram
+    from .tools import vram
     from .llama import Llama
 
     _print_devices()
@@ -93,19 +93,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_vram(args: argparse.Namespace) -> int:
-    from . import vram
+    from .tools import vram
 
     return vram.run_from_args(args)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from . import plan
+    from .tools import plan
 
     return plan.run_from_args(args)
 
 
 def _cmd_gpu_kit(args: argparse.Namespace) -> int:
-    from . import gpukit
+    from .tools import gpukit
 
     return gpukit.run_from_args(args)
 
@@ -113,7 +113,7 @@ def _cmd_gpu_kit(args: argparse.Namespace) -> int:
 def _cmd_repro(args: argparse.Namespace) -> int:
     import json
 
-    from .repro import LEVELS, MODES, as_expected, format_line, run_cases
+    from .tools.repro import LEVELS, MODES, as_expected, format_line, run_cases
 
     levels = [args.level] if args.level else list(LEVELS)
     modes = [args.mode] if args.mode else list(MODES)
@@ -159,7 +159,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_rpc_server(args: argparse.Namespace) -> int:
-    from . import rpc
+    from .engine import rpc
 
     devices = [d.strip() for d in args.device.split(",") if d.strip()] if args.device else None
     try:
@@ -233,7 +233,7 @@ def make_parser() -> argparse.ArgumentParser:
                         description="Run each configuration in its own process, sample memory per device "
                         "(exact ggml compute bytes; pynvml with --nvidia), print configuration, result, "
                         "tokens/s, draft acceptance and peak per device.")
-    from .vram import add_arguments as _vram_arguments
+    from .tools.vram import add_arguments as _vram_arguments
 
     _vram_arguments(vr)
     vr.set_defaults(func=_cmd_vram)
@@ -244,7 +244,7 @@ def make_parser() -> argparse.ArgumentParser:
                         "MTP draft contexts on it) for weights, KV, recurrent state and compute per "
                         "device, and the compute held under the workspace modes off, private-meta "
                         "and alias. Reads no weights.")
-    from .plan import add_arguments as _plan_arguments
+    from .tools.plan import add_arguments as _plan_arguments
 
     _plan_arguments(pl)
     pl.set_defaults(func=_cmd_plan)
@@ -255,7 +255,7 @@ def make_parser() -> argparse.ArgumentParser:
                         "tiny models and run.sh (install offline, build for CUDA sm_90, the CUDA subset of "
                         "the suite, llama-metaws vram --nvidia; results under $OUT). --dry-run then runs "
                         "run.sh --cpu from the kit alone, with no network, into a fresh venv.")
-    from .gpukit import add_arguments as _gpukit_arguments
+    from .tools.gpukit import add_arguments as _gpukit_arguments
 
     _gpukit_arguments(gk)
     gk.set_defaults(func=_cmd_gpu_kit)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import List
 
+from .engine.limits import AUTO_DRAFT_MAX
+
 
 def parse_floats(text: str) -> List[float]:
     """llama.cpp's -ts syntax: "0.55,0.45" (or "3/1")."""
@@ -19,9 +21,6 @@ def parse_floats(text: str) -> List[float]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
 
-
-# draft_max="auto": the longest draft the adaptive length may reach (the contexts are sized for it)
-AUTO_DRAFT_MAX = 6
 
 
 def draft_max_value(text: str):

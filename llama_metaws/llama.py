@@ -13,20 +13,20 @@ New keyword arguments (llama.cpp's option names):
 
 - ``draft="mtp"`` drafts with the model's NextN layers (``None``, the default: no drafting);
   ``draft_max`` (3) tokens per step at most (``"auto"``: a length chosen per step from the
-  last steps' acceptance, see :class:`~llama_metaws.draft_model.AdaptiveLength`),
+  last steps' acceptance, see :class:`~llama_metaws.engine.draft_model.AdaptiveLength`),
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
 - ``devices=["CPU", "CUDA0", ...]``: device names as llama.cpp prints them; the same CPU device
   may be listed twice (a CPU test bed); with devices, ``n_gpu_layers`` defaults to all layers;
 - ``rpc_servers=["host:port", ...]`` (or llama.cpp's ``--rpc`` string ``"h1:p1,h2:p2"``): ggml
-  RPC servers (:mod:`llama_metaws.rpc`), whose devices (``RPC0``, ...) come first by default,
-  then the local GPUs; a lost server raises :class:`~llama_metaws.rpc.RPCServerError`;
+  RPC servers (:mod:`llama_metaws.engine.rpc`), whose devices (``RPC0``, ...) come first by default,
+  then the local GPUs; a lost server raises :class:`~llama_metaws.engine.rpc.RPCServerError`;
 - ``split_mode``: ``"none" | "layer" | "row" | "tensor"`` or the binding's integers, with
   ``tensor_split``; the binding's ``offload_kqv=False`` (``-nkvo``) under tensor split keeps
   the KV caches in host memory, each device on its own heads (CPU devices; else a ValueError);
 - ``n_seq_max`` (llama.cpp's ``-np``): sequences the contexts hold;
 - ``phase_aware_workspace=True`` and ``workspace_mode`` (``"alias"``, ``"private-meta"``,
   ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash);
-- prompt reuse of a recurrent or hybrid target with drafting (:mod:`llama_metaws.checkpoints`):
+- prompt reuse of a recurrent or hybrid target with drafting (:mod:`llama_metaws.engine.checkpoints`):
   ``ctx_checkpoints`` (count), ``checkpoint_every`` (tokens) and ``ctx_checkpoints_bytes``.
 """
 
@@ -41,18 +41,18 @@ from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
-from . import devices as _devices
-from ._binding import _internals, llama_cpp
-from . import checkpoints as _ckpt
-from . import rpc as _rpc
+from .engine import devices as _devices
+from .native.binding import _internals, llama_cpp
+from .engine import checkpoints as _ckpt
+from .engine import rpc as _rpc
 from .guard import RequestGuard
-from .loading import split_mode_value
-from .gguf_meta import check_complete, read_keys
-from .draft_model import AdaptiveLength, DraftStatsReport, MTPDraftModel
-from .mtp import DraftStats, MTPDrafter
-from .params import check_fields, set_fields
-from .workspace import MODES as WORKSPACE_MODES
-from .workspace import Workspace
+from .engine.contexts import split_mode_value
+from .engine.gguf_meta import check_complete, read_keys
+from .engine.draft_model import AdaptiveLength, DraftStatsReport, MTPDraftModel
+from .engine.mtp import DraftStats, MTPDrafter
+from .native.params import check_fields, set_fields
+from .engine.workspace import MODES as WORKSPACE_MODES
+from .engine.workspace import Workspace
 
 __all__ = ["Llama", "MTPDraftModel", "DraftStatsReport", "RequestGuard"]
 
@@ -105,7 +105,7 @@ class _WithOurFields:
     ``llama_cpp.Llama.__init__`` makes ``self.model_params`` / ``self.context_params`` from the
     binding's default-params calls before it loads the model / the context; this data
     descriptor adds the fields in ``self.<fields_attr>`` at that assignment, on this instance
-    only, by the names the struct declares (:func:`~llama_metaws.params.set_fields`).
+    only, by the names the struct declares (:func:`~llama_metaws.native.params.set_fields`).
     """
 
     def __init__(self, fields_attr: str):
@@ -358,7 +358,7 @@ class Llama(llama_cpp.Llama):
         self._mtp.target_decoded(chunk, n_past)
 
     def checkpoint_stats(self) -> dict:
-        """Prompt reuse: :meth:`llama_metaws.checkpoints.PromptReuse.stats`."""
+        """Prompt reuse: :meth:`llama_metaws.engine.checkpoints.PromptReuse.stats`."""
         return self._reuse.stats()
 
     def generate(self, tokens, *args, **kwargs):

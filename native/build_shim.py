@@ -3,8 +3,8 @@
 The declarations cffi sees are the small headers in ``decl/``, read in ``DECLS`` order; the C
 side is ``shim.c`` compiled against the patched llama.cpp headers and linked to the patched
 libraries of one build directory (rpath set to it, so the extension resolves to the very
-copies the binding loads through ``LLAMA_CPP_LIB_PATH``). ``llama_metaws.build`` calls
-``compile_shim``; ``llama_metaws._native`` imports the result.
+copies the binding loads through ``LLAMA_CPP_LIB_PATH``). ``llama_metaws.native.build`` calls
+``compile_shim``; ``llama_metaws.native.shim`` imports the result.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 import pytest
 
 import llama_metaws  # noqa: F401  (points llama_cpp at the patched build; import it first)
-from llama_metaws.runtime import require_build
+from llama_metaws.native.runtime import require_build
 
 require_build()  # no build for the current inputs: say so before anything imports llama_cpp
 

@@ -40,7 +40,7 @@ def _llama(env, path=None, **kw):
 
 
 def _contexts(env):
-    from llama_metaws.loading import load_model, new_context
+    from llama_metaws.engine.contexts import load_model, new_context
 
     model = load_model(env.mtp, load_mtp=True)
     target = new_context(model, n_ctx=128, n_batch=32, n_rs_seq=3)
@@ -49,7 +49,7 @@ def _contexts(env):
 
 
 def _workspace_on_closed_draft(env):
-    from llama_metaws.workspace import Workspace
+    from llama_metaws.engine.workspace import Workspace
 
     model, target, draft = _contexts(env)
     draft.close()
@@ -61,13 +61,13 @@ def _workspace_on_closed_draft(env):
 
 
 def _workspace_foreign(env):
-    from llama_metaws.workspace import Workspace
+    from llama_metaws.engine.workspace import Workspace
 
     Workspace(object(), object())
 
 
 def _drafter(env, prompt=(1, 2, 3), **kw):
-    from llama_metaws.mtp import MTPDrafter
+    from llama_metaws.engine.mtp import MTPDrafter
 
     model, target, draft = _contexts(env)
     try:
@@ -79,7 +79,7 @@ def _drafter(env, prompt=(1, 2, 3), **kw):
 
 
 def _compute_buffers_closed(env):
-    from llama_metaws.buffers import compute_buffers
+    from llama_metaws.engine.buffers import compute_buffers
 
     model, target, draft = _contexts(env)
     target.close()
@@ -91,8 +91,8 @@ def _compute_buffers_closed(env):
 
 
 def _injected_grow_failure(env):
-    from llama_metaws.mtp import MTPDrafter
-    from llama_metaws.workspace import Workspace, inject_alloc_failure
+    from llama_metaws.engine.mtp import MTPDrafter
+    from llama_metaws.engine.workspace import Workspace, inject_alloc_failure
 
     model, target, draft = _contexts(env)
     ws = Workspace(target, draft, n_decode_tokens=4)
@@ -177,13 +177,13 @@ CASES = [
     ("compute_buffers() of a closed context", _compute_buffers_closed, ValueError, r"NULL"),
     ("a decode whose workspace grow cannot be allocated", _injected_grow_failure, RuntimeError,
      r"returned -2 during prompt"),
-    ("inject_alloc_failure(-1)", lambda e: __import__("llama_metaws.workspace", fromlist=["x"]).inject_alloc_failure(-1),
+    ("inject_alloc_failure(-1)", lambda e: __import__("llama_metaws.engine.workspace", fromlist=["x"]).inject_alloc_failure(-1),
      ValueError, r"n must be >= 0"),
     ("make_tiny_model(arch='nope')", lambda e: __import__("llama_metaws.testing", fromlist=["x"]).make_tiny_model(
         e.tmp / "x.gguf", arch="nope"), ValueError, r"supported"),
     ("make_tiny_mtp_model(agreement=2.0)", lambda e: __import__("llama_metaws.testing", fromlist=["x"]).make_tiny_mtp_model(
         e.tmp / "x.gguf", agreement=2.0), ValueError, r"agreement must be"),
-    ("repro.run_case('cuda', 'alias')", lambda e: __import__("llama_metaws.repro", fromlist=["x"]).run_case(
+    ("repro.run_case('cuda', 'alias')", lambda e: __import__("llama_metaws.tools.repro", fromlist=["x"]).run_case(
         "cuda", "alias"), ValueError, r"unknown case"),
     ("llama-metaws generate --draft-pmin 0.5 (an unknown flag)", _cli_unknown_flag, SystemExit,
      r"exit status 2: .*unrecognized arguments: --draft-pmin"),

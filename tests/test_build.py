@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llama_metaws import build, runtime
+from llama_metaws.native import build
+from llama_metaws.native import runtime
 from llama_metaws.errors import BindingVersionError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,7 +214,7 @@ def test_the_line_count_skips_tests_and_counts_the_rest(tmp_path):
 
 MAPS_SCRIPT = """
 import llama_metaws, llama_cpp
-import llama_metaws.buffers  # loads the cffi shim too
+import llama_metaws.engine.buffers  # loads the cffi shim too
 import json, re
 paths = set()
 for line in open('/proc/self/maps'):

@@ -7,7 +7,7 @@ import pytest
 import llama_cpp
 
 from llama_metaws import Llama
-from llama_metaws.mtp import _top_probability
+from llama_metaws.engine.mtp import _top_probability
 from llama_metaws.testing import generate_n, make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
@@ -105,7 +105,7 @@ def test_the_draft_context_is_derived_from_the_targets(half_path):
         assert d.type_k == llama_cpp.GGML_TYPE_Q8_0 and d.offload_kqv is False
         assert d.ctx_type == llama_cpp.LLAMA_CONTEXT_TYPE_MTP and d.n_rs_seq == 0
     # and llama.cpp built it so: a q8_0 draft KV is smaller than an f16 one
-    from llama_metaws.plan import memory_breakdown
+    from llama_metaws.tools.plan import memory_breakdown
 
     sizes = {}
     for kind in (llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_F16):
@@ -154,7 +154,7 @@ def test_p_min_is_llama_cpps_top_10_probability():
 
 
 def test_adaptive_length_follows_acceptance():
-    from llama_metaws.draft_model import AdaptiveLength
+    from llama_metaws.engine.draft_model import AdaptiveLength
 
     a = AdaptiveLength()
     assert a.next_step() == AdaptiveLength.CAP  # a fresh start drafts all it may

@@ -34,10 +34,10 @@ import pytest
 import llama_cpp
 from llama_cpp import _logger
 
-from llama_metaws.loading import greedy_tokens, load_model, new_context
-from llama_metaws.mtp import DRAFT, MTPDrafter
+from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
+from llama_metaws.engine.mtp import DRAFT, MTPDrafter
 from llama_metaws.testing import split_devices
-from llama_metaws.workspace import Workspace, context_info, inject_alloc_failure, private_bytes
+from llama_metaws.engine.workspace import Workspace, context_info, inject_alloc_failure, private_bytes
 
 N_CTX = 256
 PAIR = dict(n_ctx=N_CTX, n_batch=96, n_ubatch=32)
@@ -389,9 +389,9 @@ def test_zero_disarms_a_pending_failure(split, injections):
 _CHILD = r"""
 import json, sys
 import llama_metaws
-from llama_metaws.loading import greedy_tokens, load_model, new_context
-from llama_metaws.mtp import MTPDrafter
-from llama_metaws.workspace import Workspace, inject_alloc_failure
+from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
+from llama_metaws.engine.mtp import MTPDrafter
+from llama_metaws.engine.workspace import Workspace, inject_alloc_failure
 
 path, case = sys.argv[1], sys.argv[2]
 short, n = json.loads(sys.argv[3]), int(sys.argv[4])

@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from llama_metaws.gguf_meta import read_keys
+from llama_metaws.engine.gguf_meta import read_keys
 
 
 def _scalars(path):
@@ -60,7 +60,7 @@ def test_a_truncated_or_foreign_file_is_a_value_error(tiny_mtp_model, tmp_path, 
 
 
 def test_check_complete_finds_a_cut_in_the_tensor_data(tiny_mtp_model, tmp_path):
-    from llama_metaws.gguf_meta import check_complete
+    from llama_metaws.engine.gguf_meta import check_complete
 
     check_complete(str(tiny_mtp_model))  # whole: no error
     data = tiny_mtp_model.read_bytes()

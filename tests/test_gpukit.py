@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from llama_metaws import build, gpukit
+from llama_metaws.native import build
+from llama_metaws.tools import gpukit
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20

@@ -12,8 +12,8 @@ import types
 
 import pytest
 
-from llama_metaws.children import child_env
-from llama_metaws.devices import check_tensor_split
+from llama_metaws.tools.children import child_env
+from llama_metaws.engine.devices import check_tensor_split
 from llama_metaws.testing import EOS_TOKEN, make_tiny_mtp_model, split_devices
 
 N_CTX, N_UBATCH, N_PREDICT = 256, 16, 12
@@ -24,7 +24,7 @@ CHILD = r"""
 import json, sys
 import llama_metaws
 from llama_metaws import Llama
-from llama_metaws.plan import memory_breakdown
+from llama_metaws.tools.plan import memory_breakdown
 
 a = json.loads(sys.argv[1])
 
@@ -59,9 +59,9 @@ print(json.dumps(res))
 TEARDOWN_CHILD = r"""
 import json, sys
 import llama_metaws
-from llama_metaws.loading import greedy_tokens, load_model, new_context
-from llama_metaws.mtp import MTPDrafter
-from llama_metaws.workspace import Workspace
+from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
+from llama_metaws.engine.mtp import MTPDrafter
+from llama_metaws.engine.workspace import Workspace
 
 a = json.loads(sys.argv[1])
 prompt = a["prompts"][1]
@@ -125,7 +125,7 @@ def test_host_kv_teardown_in_either_order(agreement_model, first):
 
 
 def test_the_host_kv_table_from_the_vram_command(agreement_model, capsys):
-    from llama_metaws.vram.command import main
+    from llama_metaws.tools.vram.command import main
 
     n_ctx, n_predict = 256, 16
     rc = main(["--host-kv", "--json", "-m", str(agreement_model), "-dev", ",".join(split_devices(2)),

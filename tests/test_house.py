@@ -15,8 +15,9 @@ import pytest
 import llama_cpp
 import llama_cpp.llama_cpp as llama_cpp_lib
 
-from llama_metaws import build, manifest
-from llama_metaws.params import set_fields
+from llama_metaws.native import build
+from llama_metaws.native import manifest
+from llama_metaws.native.params import set_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "llama_metaws"
@@ -86,7 +87,7 @@ def _find_cycle(graph):
 
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
-    assert "llama_metaws.vram.harness" in graph and "llama_metaws._binding" in graph
+    assert "llama_metaws.tools.vram.harness" in graph and "llama_metaws.native.binding" in graph
     assert _find_cycle(graph) is None, " -> ".join(_find_cycle(graph))
 
 
@@ -95,10 +96,58 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+# The package's layers, bottom up, and the layers each may import (its own included).
+LAYERS = {
+    "errors": set(),
+    "native": {"errors"},
+    "engine": {"native", "errors"},
+    "testing": {"native", "errors"},                    # the model builders
+    "frontends": {"engine", "native", "errors"},        # Llama, server/, flags
+    "tools": {"frontends", "engine", "native", "testing", "errors"},
+    "cli": {"tools", "frontends", "engine", "native", "testing", "errors"},
+}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:  # llama_metaws/__init__.py: the package's face, with the front-ends
+        return "frontends"
+    head = parts[1]
+    if head in ("native", "engine", "tools", "testing", "errors", "cli"):
+        return head
+    if head == "__main__":
+        return "cli"
+    return "frontends"  # llama.py, guard.py, flags.py, server/
+
+
+def upward_imports(graph):
+    return sorted(f"{a} ({layer_of(a)}) imports {b} ({layer_of(b)})" for a, deps in graph.items()
+                  for b in deps if layer_of(b) != layer_of(a) and layer_of(b) not in LAYERS[layer_of(a)])
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    graph = import_graph()
+    assert {layer_of(m) for m in graph} == set(LAYERS)
+    assert upward_imports(graph) == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    bad = {"llama_metaws.engine.workspace": {"llama_metaws.llama"}, "llama_metaws.llama": set()}
+    assert upward_imports(bad) == ["llama_metaws.engine.workspace (engine) imports llama_metaws.llama (frontends)"]
+
+
+def test_importing_the_package_loads_no_model_builder():
+    res = _python("import sys, llama_metaws; from llama_metaws import Llama; "
+                  "print(sorted(m for m in sys.modules if m.startswith('llama_metaws.testing')))", dict(os.environ))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_errors_is_a_leaf_and_check_error_sits_beside_the_compiled_shim():
     graph = import_graph()
     assert graph["llama_metaws.errors"] == set()
-    from llama_metaws import _native, errors
+    from llama_metaws import errors
+    from llama_metaws.native import shim as _native
 
     assert hasattr(_native, "check_error") and not hasattr(errors, "check_error")
 
@@ -117,11 +166,11 @@ def test_no_module_is_over_the_size_limit():
 
 
 def test_only_the_binding_module_imports_llama_cpp():
-    """Everyone takes the binding from llama_metaws._binding (after the build check); the
+    """Everyone takes the binding from llama_metaws.native.binding (after the build check); the
     binding's server extra is imported by server.py after _binding."""
     offenders = []
     for name, f in _modules().items():
-        if name == "llama_metaws._binding":
+        if name == "llama_metaws.native.binding":
             continue
         for node in ast.walk(ast.parse(f.read_text())):
             names = []
@@ -148,7 +197,7 @@ def test_the_run_time_ignores_cmake_args_and_cc():
     env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CUDA=ON", CC="a-compiler-that-is-not-there",
                CXX="another-one")
     res = _python("import llama_metaws, llama_cpp, os; from llama_metaws import Llama; "
-                  "from llama_metaws.devices import list_devices; "
+                  "from llama_metaws.engine.devices import list_devices; "
                   "print(os.environ['LLAMA_CPP_LIB_PATH']); print(list_devices()[0].name)", env)
     assert res.returncode == 0, res.stderr
     lib_dir, first = res.stdout.split()
@@ -174,12 +223,12 @@ def test_a_stale_build_names_the_command_to_run(tmp_path):
     first.write_text(first.read_text() + "\n")
     env = dict(os.environ, LLAMA_METAWS_SOURCE_ROOT=str(root),
                LLAMA_METAWS_MANIFEST=str(manifest.manifest_path()))
-    res = _python("import llama_metaws; from llama_metaws.devices import list_devices", env)
+    res = _python("import llama_metaws; from llama_metaws.engine.devices import list_devices", env)
     assert res.returncode != 0
     assert "another patches/series" in res.stderr and "llama-metaws build" in res.stderr
     # the unchanged copy is not stale
     first.write_text(first.read_text()[:-1])
-    res = _python("import llama_metaws; from llama_metaws.devices import list_devices; print(len(list_devices()))", env)
+    res = _python("import llama_metaws; from llama_metaws.engine.devices import list_devices; print(len(list_devices()))", env)
     assert res.returncode == 0, res.stderr
 
 
@@ -241,7 +290,7 @@ def test_params_that_did_not_reach_llama_are_an_error(tiny_mtp_model, monkeypatc
 
 
 def test_drafting_needs_no_private_method_of_the_drafter():
-    src = (PKG / "draft_model.py").read_text()
+    src = (PKG / "engine" / "draft_model.py").read_text()
     tree = ast.parse(src)
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MTPDraftModel")
     private = sorted({a.attr for a in ast.walk(cls) if isinstance(a, ast.Attribute)

@@ -18,8 +18,8 @@ import subprocess
 
 import pytest
 
-from llama_metaws import build as native_build
-from llama_metaws import runtime
+from llama_metaws.native import build as native_build
+from llama_metaws.native import runtime
 
 pytestmark = pytest.mark.peer
 

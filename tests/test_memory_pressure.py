@@ -21,9 +21,9 @@ import pytest
 
 import llama_cpp
 
-from llama_metaws.loading import greedy_tokens, load_model, new_context
-from llama_metaws.mtp import MTPDrafter, _Batch
-from llama_metaws.workspace import Workspace, context_info, inject_alloc_failure
+from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
+from llama_metaws.engine.mtp import MTPDrafter, _Batch
+from llama_metaws.engine.workspace import Workspace, context_info, inject_alloc_failure
 
 N_CTX = 256
 PAIR = dict(n_ctx=N_CTX, n_batch=96, n_ubatch=32)
@@ -223,9 +223,9 @@ def test_a_rebuilt_target_scheduler_fences_the_draft_first(split, disarm):
 _SCRATCH_CHILD = r"""
 import json, sys
 import llama_metaws
-from llama_metaws.loading import greedy_tokens, load_model, new_context
-from llama_metaws.mtp import MTPDrafter
-from llama_metaws.workspace import Workspace, inject_alloc_failure
+from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
+from llama_metaws.engine.mtp import MTPDrafter
+from llama_metaws.engine.workspace import Workspace, inject_alloc_failure
 
 path, long, n_gen = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 model = load_model(path, load_mtp=True, devices=["CPU", "CPU"], split_mode="tensor")

@@ -1,4 +1,4 @@
-"""MTP speculative decoding (``llama_metaws.mtp``) on the tiny qwen35 MTP models, on the CPU."""
+"""MTP speculative decoding (``llama_metaws.engine.mtp``) on the tiny qwen35 MTP models, on the CPU."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import llama_metaws  # noqa: F401  (points llama_cpp at the patched build: impor
 import llama_cpp
 import llama_cpp.llama_cpp_ext as llx
 
-from llama_metaws import loading
-from llama_metaws.mtp import DraftStats, MTPDrafter
+from llama_metaws.engine import contexts as loading
+from llama_metaws.engine.mtp import DraftStats, MTPDrafter
 from llama_metaws.testing import N_EMBD, N_VOCAB, make_tiny_mtp_model
 
 N_CTX = 256

@@ -17,11 +17,11 @@ import pytest
 import llama_metaws  # noqa: F401  (points llama_cpp at the patched build: import it first)
 import llama_cpp
 
-from llama_metaws import loading
-from llama_metaws._binding import _internals, llama_ext
-from llama_metaws.mtp import _Batch
-from llama_metaws.params import set_fields
-from llama_metaws.runtime import require_build
+from llama_metaws.engine import contexts as loading
+from llama_metaws.native.binding import _internals, llama_ext
+from llama_metaws.engine.mtp import _Batch
+from llama_metaws.native.params import set_fields
+from llama_metaws.native.runtime import require_build
 from llama_metaws.testing import N_VOCAB, make_tiny_mtp_model
 
 TOKENS = [(7 * i + 3) % N_VOCAB for i in range(6)]

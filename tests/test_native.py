@@ -2,10 +2,10 @@
 
 import pytest
 
-from llama_metaws._native import check_error, ffi, lib
-from llama_metaws.buffers import compute_buffers
-from llama_metaws.devices import DeviceList, find_device, list_devices
-from llama_metaws.loading import load_model, new_context
+from llama_metaws.native.shim import check_error, ffi, lib
+from llama_metaws.engine.buffers import compute_buffers
+from llama_metaws.engine.devices import DeviceList, find_device, list_devices
+from llama_metaws.engine.contexts import load_model, new_context
 
 
 def test_the_cpu_device_is_listed():
@@ -93,7 +93,7 @@ def test_a_closed_context_is_an_error_not_a_crash(tiny_mtp_model):
 
 
 def test_two_cpu_devices_with_layer_split_generate_like_one(tiny_mtp_model):
-    from llama_metaws.loading import greedy_tokens
+    from llama_metaws.engine.contexts import greedy_tokens
 
     outs = []
     for devices in (None, ["CPU", "CPU"]):

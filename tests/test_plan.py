@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llama_metaws import vram
-from llama_metaws.plan import PlanError, format_plan, plan, write_gguf_from_hf_config
+from llama_metaws.tools import vram
+from llama_metaws.tools.plan import PlanError, format_plan, plan, write_gguf_from_hf_config
 from llama_metaws.testing import make_tiny_mtp_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,7 +129,7 @@ def rchar():
     with open("/proc/self/io") as f:
         return int(next(l for l in f if l.startswith("rchar:")).split()[1])
 import llama_metaws
-from llama_metaws.plan import plan
+from llama_metaws.tools.plan import plan
 before = rchar()
 p = plan(sys.argv[1], devices=2, split_mode="tensor", n_ctx=512, n_ubatch=64, n_seq_max=1, mtp=False)
 print(json.dumps({"read": rchar() - before, "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

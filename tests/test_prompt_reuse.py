@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llama_metaws import Llama
-from llama_metaws.checkpoints import PromptReuse, common_prefix
+from llama_metaws.engine.checkpoints import PromptReuse, common_prefix
 from llama_metaws.testing import N_VOCAB, generate_n, make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)

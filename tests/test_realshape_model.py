@@ -14,7 +14,7 @@ import llama_metaws  # noqa: F401  (sets LLAMA_CPP_LIB_PATH: must come before ll
 import llama_cpp.llama_cpp as ll
 import llama_cpp.llama_cpp_ext as llx
 
-from llama_metaws.params import set_fields
+from llama_metaws.native.params import set_fields
 from llama_metaws.testing import (
     BENCH_SHAPE,
     make_mtp_model,
@@ -197,7 +197,8 @@ def test_the_designed_token_has_the_tiny_models_peak_at_any_vocabulary() -> None
 
 
 def test_the_constants_shared_with_the_tiny_builders_agree() -> None:
-    from llama_metaws import realshape, testing
+    from llama_metaws import testing
+    from llama_metaws.testing import realshape
 
     assert (realshape.N_VOCAB, realshape.LOGIT_MARGIN) == (testing.N_VOCAB, testing.LOGIT_MARGIN)
     assert realshape.CHAT_TEMPLATE == testing.CHAT_TEMPLATE

@@ -19,8 +19,8 @@ import pytest
 import llama_metaws  # noqa: F401  (points llama_cpp at the patched build: import it first)
 import llama_cpp
 
-from llama_metaws import loading
-from llama_metaws.checkpoints import PARTIAL, state_back
+from llama_metaws.engine import contexts as loading
+from llama_metaws.engine.checkpoints import PARTIAL, state_back
 from llama_metaws.testing import N_VOCAB, make_tiny_model, make_tiny_mtp_model
 
 PROMPT = [(5 * i + 2) % N_VOCAB for i in range(8)]

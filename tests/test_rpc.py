@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from llama_metaws import Llama, flags, rpc
+from llama_metaws import Llama, flags
+from llama_metaws.engine import rpc
 from llama_metaws.cli import make_parser
 from llama_metaws.testing import free_port, make_tiny_mtp_model, start_rpc_server, stop_process
 
@@ -115,7 +116,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     import llama_metaws
     from llama_metaws import Llama
-    from llama_metaws.rpc import RPCServerError
+    from llama_metaws.engine.rpc import RPCServerError
     path, a, b, victim = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     llm = Llama(path, draft="mtp", rpc_servers=[a, b], split_mode="tensor", n_ctx=512,
                 n_batch=64, n_ubatch=64, verbose=False)
@@ -200,7 +201,7 @@ def test_rpc_server_with_an_unknown_device_exits_with_a_message():
 def test_after_the_servers_are_gone_a_default_load_stays_local(mtp_path):
     # a server's devices stay registered with ggml for the life of the process, and llama.cpp's
     # default device list puts them first: a later model without rpc_servers must not go there
-    from llama_metaws.loading import load_model, new_context
+    from llama_metaws.engine.contexts import load_model, new_context
 
     proc = start_rpc_server(free_port())
     try:

@@ -36,9 +36,9 @@ from hypothesis.stateful import (
 import llama_cpp
 from llama_cpp import _internals
 
-from llama_metaws.loading import greedy_tokens, load_model, new_context
-from llama_metaws.mtp import DRAFT, TARGET, MTPDrafter
-from llama_metaws.workspace import Workspace, context_info
+from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
+from llama_metaws.engine.mtp import DRAFT, TARGET, MTPDrafter
+from llama_metaws.engine.workspace import Workspace, context_info
 
 N_CTX = 128
 N_BATCH = 32    # the drafter prefills in chunks of n_batch: the longer prompts take two or three

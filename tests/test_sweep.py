@@ -28,16 +28,16 @@ import sys
 
 import pytest
 
-from llama_metaws import build as native_build
-from llama_metaws import runtime
+from llama_metaws.native import build as native_build
+from llama_metaws.native import runtime
 
 _CHILD = r"""
 import ctypes, json, sys
 import llama_metaws
 import llama_cpp
-from llama_metaws.loading import greedy_tokens, load_model, new_context
-from llama_metaws.mtp import MTPDrafter
-from llama_metaws.workspace import Workspace, inject_alloc_failure
+from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
+from llama_metaws.engine.mtp import MTPDrafter
+from llama_metaws.engine.workspace import Workspace, inject_alloc_failure
 
 path, split, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 stride, leak_check = int(sys.argv[4]), sys.argv[5] == "1"

@@ -13,12 +13,12 @@ import pytest
 
 import llama_cpp
 
-from llama_metaws import repro
-from llama_metaws._native import check_error, ffi, lib
-from llama_metaws.loading import greedy_tokens, load_model, new_context
-from llama_metaws.mtp import MTPDrafter
+from llama_metaws.tools import repro
+from llama_metaws.native.shim import check_error, ffi, lib
+from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
+from llama_metaws.engine.mtp import MTPDrafter
 from llama_metaws.testing import split_devices
-from llama_metaws.workspace import Workspace, private_bytes
+from llama_metaws.engine.workspace import Workspace, private_bytes
 
 PROMPT = [9, 4, 17, 33, 2, 61, 8, 100, 27, 5]
 LONG = [(5 * i + 1) % 128 for i in range(70)]
@@ -88,7 +88,7 @@ def test_the_alias_views_the_same_per_device_memory():
 
 
 def test_aliasing_a_plain_buffer_logs_and_does_not_abort():
-    code = ("import llama_metaws, llama_metaws._native as n\n"
+    code = ("import llama_metaws, llama_metaws.native.shim as n\n"
             "p, a = n.ffi.new('int *'), n.ffi.new('int *')\n"
             "assert n.lib.lmws_meta_alias_check(2, p, a) == 0\n"
             "print('alive')\n")

@@ -14,7 +14,7 @@ import llama_metaws  # noqa: F401  (sets LLAMA_CPP_LIB_PATH: must come before ll
 import llama_cpp.llama_cpp as ll
 import llama_cpp.llama_cpp_ext as llx
 
-from llama_metaws.params import set_fields
+from llama_metaws.native.params import set_fields
 from llama_metaws.testing import (
     N_EMBD,
     N_VOCAB,

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 
-from llama_metaws import build, tools_build
+from llama_metaws.native import build
+from llama_metaws.native import tools_build
 
 
 def test_the_tools_key_is_not_the_library_key_and_follows_its_inputs():

@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from llama_metaws import vram
+from llama_metaws.tools import vram
 from llama_metaws.testing import make_tiny_mtp_model
 
 PROMPT = [(7 * i + 3) % 120 for i in range(40)]
@@ -27,7 +27,7 @@ def mtp_path(models_dir):
 
 def _direct(llm):
     """Compute bytes per device read straight from ggml (a meta buffer on both CPU devices)."""
-    from llama_metaws.buffers import compute_buffers
+    from llama_metaws.engine.buffers import compute_buffers
 
     out = {}
 

@@ -4,10 +4,10 @@ import subprocess
 
 import pytest
 
-from llama_metaws import runtime
-from llama_metaws.loading import greedy_tokens, load_model, new_context
-from llama_metaws.mtp import MTPDrafter
-from llama_metaws.workspace import (
+from llama_metaws.native import runtime
+from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
+from llama_metaws.engine.mtp import MTPDrafter
+from llama_metaws.engine.workspace import (
     Workspace,
     WorkspaceWarning,
     context_info,
@@ -136,7 +136,7 @@ def test_the_generation_only_grows(mtp_model):
 def test_the_peer_is_synchronized_only_at_a_handoff_with_work_in_flight(mtp_model):
     import llama_cpp
 
-    from llama_metaws.mtp import _Batch
+    from llama_metaws.engine.mtp import _Batch
 
     target, draft = _pair(mtp_model)
     n_embd = llama_cpp.llama_model_n_embd_out(mtp_model.model)

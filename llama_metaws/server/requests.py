@@ -46,7 +46,7 @@ class Plan:
 
     def call_kwargs(self, llm) -> dict:
         """The keyword arguments, completed with what needs the loaded model."""
-        from .._binding import llama_cpp
+        from ..native.binding import llama_cpp
 
         kw = dict(self.kwargs)
         if self.logit_bias:
@@ -127,7 +127,7 @@ def _validate(model_type, body: dict):
 def _grammar(text: Optional[str]):
     if text is None:
         return None
-    from .._binding import llama_cpp
+    from ..native.binding import llama_cpp
 
     try:
         return llama_cpp.LlamaGrammar.from_string(text, verbose=False)

@@ -32,7 +32,7 @@ class ServedLlama(Llama):
     def generate(self, tokens, *args, stopping_criteria=None, **kwargs):
         check = self.request_check
         if check is not None:
-            from .._binding import llama_cpp
+            from ..native.binding import llama_cpp
 
             ours = llama_cpp.StoppingCriteriaList([lambda input_ids, logits: check()])
             if stopping_criteria:

@@ -14,7 +14,7 @@ the output: the sdist hash, the content of each patch in the series, the CMake a
 the compiler's version.
 
 A pre-patched source (``LLAMA_METAWS_LLAMA_SOURCE=DIR``, as the GPU run kit carries it: see
-``llama_metaws.gpukit``) replaces steps 1-3 on a machine that cannot fetch the sdist. Its
+``llama_metaws.tools.gpukit``) replaces steps 1-3 on a machine that cannot fetch the sdist. Its
 ``lmws-source.json`` names the sdist hash, the patches it holds and the hash of the tree; the
 patches must be those of the current series, and the tree's hash joins the key (a trimmed tree
 is another input than the whole sdist, so it gets a key of its own) and is checked before the
@@ -94,7 +94,7 @@ def _stderr_progress(line: str) -> None:
 def source_root() -> Path:
     """The checkout that holds ``patches/`` and ``native/`` (``LLAMA_METAWS_SOURCE_ROOT``)."""
     env = os.environ.get("LLAMA_METAWS_SOURCE_ROOT")
-    root = Path(env) if env else Path(__file__).resolve().parent.parent
+    root = Path(env) if env else Path(__file__).resolve().parents[2]
     if not (root / "patches" / "series").is_file():
         raise BuildError(
             f"no patches/series under {root}: llama-metaws builds from its source checkout "
@@ -439,7 +439,7 @@ def _generator_args() -> List[str]:
 def prepare_source(inputs: BuildInputs, src: Path, patches: List[Path], step: Callable[[int, str], None],
                    progress: Progress) -> None:
     """Steps 1-3 into ``src``: fetch, unpack and patch, or copy the pre-patched source (also the
-    tools build's, :mod:`llama_metaws.tools_build`)."""
+    tools build's, :mod:`llama_metaws.native.tools_build`)."""
     pre = patched_source_dir() if inputs.source else None
     if inputs.source and pre is None:
         raise BuildError(f"these inputs name a pre-patched source, but {PATCHED_SOURCE_ENV} is not set")

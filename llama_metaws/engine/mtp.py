@@ -34,7 +34,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from ._binding import _internals, llama_cpp, llama_ext
+from ..native.binding import _internals, llama_cpp, llama_ext
 
 __all__ = ["DraftStats", "MTPDrafter"]
 

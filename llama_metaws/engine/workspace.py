@@ -27,7 +27,7 @@ import dataclasses
 import warnings
 from typing import List
 
-from ._native import check_error, ffi, lib
+from ..native.shim import check_error, ffi, lib
 from .buffers import compute_buffers, context_address
 
 MODES = ("alias", "private-meta", "unsafe-shared", "off")

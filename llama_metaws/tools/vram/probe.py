@@ -32,8 +32,8 @@ class ContextGroup:
 
     def __init__(self, contexts, workspace=None, devices: Optional[Sequence[str]] = None,
                  model=None, llm=None):
-        from .._native import address
-        from ..buffers import context_address
+        from ...native.shim import address
+        from ...engine.buffers import context_address
 
         self.contexts = [c for c in contexts if c is not None]
         if not self.contexts:
@@ -45,7 +45,7 @@ class ContextGroup:
         self.llm = llm
         self.weights = None
         if model is not None:
-            from .._binding import llama_cpp
+            from ...native.binding import llama_cpp
 
             self.weights = int(llama_cpp.llama_model_size(model))
         self.values: Dict[str, int] = {}
@@ -74,8 +74,8 @@ class ContextGroup:
             out[device] = out.get(device, 0) + size
 
     def read(self) -> Dict[str, int]:
-        from .._binding import llama_cpp
-        from ..buffers import compute_buffers
+        from ...native.binding import llama_cpp
+        from ...engine.buffers import compute_buffers
 
         out: Dict[str, int] = {}
         if self.workspace is not None:
@@ -122,7 +122,7 @@ class _DecodeHook:
                 self._uninstall()
 
     def _install(self) -> None:
-        from .._binding import llama_cpp, llama_cpp_lib as low
+        from ...native.binding import llama_cpp, llama_cpp_lib as low
 
         hook = self
         for module in (low, llama_cpp):

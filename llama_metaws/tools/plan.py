@@ -42,10 +42,11 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
-from .errors import PlanError
-from .flags import AUTO_DRAFT_MAX, draft_max_value
+from ..errors import PlanError
+from ..engine.limits import AUTO_DRAFT_MAX
+from ..flags import draft_max_value
 from .hf_config import WEIGHT_TYPES, write_gguf_from_hf_config
-from .params import set_fields
+from ..native.params import set_fields
 from .vram.probe import device_keys
 
 __all__ = ["Plan", "DevicePlan", "PlanError", "plan", "format_plan", "write_gguf_from_hf_config",
@@ -106,8 +107,8 @@ class Plan:
 def memory_breakdown(ctx) -> Dict[int, dict]:
     """buft address -> {name, meta, host, device, model, context, compute} for one context:
     llama.cpp's memory breakdown (ggml's accounting of the buffers) per buffer type."""
-    from ._native import check_error, ffi, lib
-    from .buffers import compute_buffers, context_address
+    from ..native.shim import check_error, ffi, lib
+    from ..engine.buffers import compute_buffers, context_address
 
     c = ffi.cast("struct llama_context *", context_address(ctx))
     n = ffi.new("int *")
@@ -159,9 +160,9 @@ def plan(model: Optional[Union[str, os.PathLike]] = None, *, hf_config=None, dev
     """
     import llama_metaws  # noqa: F401  (the patched build first)
 
-    from ._binding import llama_cpp
-    from .devices import list_devices
-    from .loading import split_mode_value
+    from ..native.binding import llama_cpp
+    from ..engine.devices import list_devices
+    from ..engine.contexts import split_mode_value
 
     if (model is None) == (hf_config is None):
         raise PlanError("plan: give exactly one of model (a GGUF file) and hf_config (a config.json)")
@@ -200,7 +201,7 @@ def plan(model: Optional[Union[str, os.PathLike]] = None, *, hf_config=None, dev
             path = Path(model)
             if not path.is_file():
                 raise PlanError(f"plan: no model file {path}")
-        from ._binding import set_verbose
+        from ..native.binding import set_verbose
 
         set_verbose(verbose)
         result = _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatch, n_seq_max,
@@ -221,8 +222,8 @@ def _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatc
                flash_attn, no_kv_offload, type_k, type_v, verbose, notes) -> Plan:
     import ctypes
 
-    from ._binding import llama_cpp
-    from .devices import DeviceList
+    from ..native.binding import llama_cpp
+    from ..engine.devices import DeviceList
 
     mp = llama_cpp.llama_model_default_params()
     device_list = DeviceList(names)
@@ -388,7 +389,7 @@ def format_plan(p: Plan) -> str:
 
 def add_arguments(p):
     """``llama-metaws plan``'s flags (llama.cpp's names)."""
-    from .flags import parse_floats
+    from ..flags import parse_floats
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-m", "--model", help="GGUF model file (only its header is read)")

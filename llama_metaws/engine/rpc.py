@@ -22,9 +22,9 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
-from ._native import check_error, ffi, lib
+from ..native.shim import check_error, ffi, lib
 from .devices import find_device, list_devices
-from .errors import LlamaMetawsError
+from ..errors import LlamaMetawsError
 
 __all__ = ["RPCServerError", "RPCServers", "parse_servers", "connect", "serve", "DEFAULT_PORT"]
 
@@ -122,7 +122,7 @@ class RPCServers:
         if not self.endpoints:
             return
         if ctx is not None:
-            from ._binding import llama_cpp
+            from ..native.binding import llama_cpp
 
             llama_cpp.llama_synchronize(ctx)
         ok = ffi.new("bool *")

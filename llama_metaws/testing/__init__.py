@@ -485,7 +485,7 @@ def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0) -> Pa
 
 
 # --------------------------------------------------------------------------------------------
-# real-shape MTP models: llama_metaws.realshape (a module of its own: the size rule)
+# real-shape MTP models: llama_metaws.testing.realshape (a module of its own: the size rule)
 
 from .realshape import (  # noqa: E402  (re-exported: testing is where the builders are)
     BENCH_SHAPE,

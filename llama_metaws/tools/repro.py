@@ -32,7 +32,7 @@ N_PREDICT = 16
 
 
 def _case_ggml(mode: str) -> str:
-    from ._native import check_error, ffi, lib
+    from ..native.shim import check_error, ffi, lib
 
     sharing = {"alias": lib.GGML_GALLOCR_META_ALIAS, "private-meta": lib.GGML_GALLOCR_META_PRIVATE,
                "unsafe-shared": lib.GGML_GALLOCR_META_UNSAFE}[mode]
@@ -42,9 +42,9 @@ def _case_ggml(mode: str) -> str:
 
 
 def _case_llama(mode: str, model_path: str, devices: Sequence[str]) -> str:
-    from .loading import greedy_tokens, load_model, new_context
-    from .mtp import MTPDrafter
-    from .workspace import Workspace
+    from ..engine.contexts import greedy_tokens, load_model, new_context
+    from ..engine.mtp import MTPDrafter
+    from ..engine.workspace import Workspace
 
     draft_max = 3
     model = load_model(model_path, devices=list(devices), split_mode="tensor", load_mtp=True)
@@ -89,7 +89,7 @@ def _child(level: str, mode: str, model_path: Optional[str], devices: Sequence[s
 
 def default_devices() -> List[str]:
     """The llama level's devices: ``LLAMA_METAWS_TEST_DEVICES`` cycled to two, else CPU,CPU."""
-    from .testing import split_devices
+    from ..testing import split_devices
 
     return split_devices(2)
 
@@ -102,7 +102,7 @@ def run_case(level: str, mode: str, *, model_path: Optional[str] = None, timeout
     level always builds its meta device over two CPU devices."""
     if level not in LEVELS or mode not in MODES:
         raise ValueError(f"unknown case {level}/{mode}: levels {LEVELS}, modes {MODES}")
-    cmd = [sys.executable, "-m", "llama_metaws.repro", "--child", level, mode,
+    cmd = [sys.executable, "-m", "llama_metaws.tools.repro", "--child", level, mode,
            "--device", ",".join(devices or default_devices())]
     if model_path:
         cmd += ["--model", os.fspath(model_path)]
@@ -116,7 +116,7 @@ def run_cases(levels: Sequence[str] = LEVELS, modes: Sequence[str] = MODES,
     """Every (level, mode) case, each in its own subprocess."""
     with tempfile.TemporaryDirectory() as tmp:
         if "llama" in levels and model_path is None:
-            from .testing import make_tiny_mtp_model
+            from ..testing import make_tiny_mtp_model
 
             model_path = os.fspath(make_tiny_mtp_model(os.path.join(tmp, "tiny-mtp.gguf"), agreement=0.8))
         records = []
@@ -133,7 +133,7 @@ def as_expected(record: Dict[str, str]) -> bool:
 
 
 def _main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m llama_metaws.repro")
+    p = argparse.ArgumentParser(prog="python -m llama_metaws.tools.repro")
     p.add_argument("--child", nargs=2, metavar=("LEVEL", "MODE"), required=True)
     p.add_argument("--model")
     p.add_argument("--device", default="CPU,CPU")

@@ -84,7 +84,7 @@ class _Events:
 def _prompt_tokens(model: str, prompt) -> List[int]:
     if not isinstance(prompt, str):
         return [int(t) for t in prompt]
-    from .._binding import llama_cpp
+    from ...native.binding import llama_cpp
 
     vocab = llama_cpp.Llama(model, vocab_only=True, verbose=False)
     try:
@@ -117,8 +117,8 @@ def _run_child(req: dict, emit: _Events) -> None:
                       on_phase=lambda p: emit("phase", **p))
     sampler.start()
     emit("labels", labels=sampler.report(raise_error=False).labels)  # kept if the process dies
-    from ..buffers import compute_buffers
-    from ..llama import Llama
+    from ...engine.buffers import compute_buffers
+    from ...llama import Llama
 
     sampler.mark("load")
     llm = Llama(req["model"], **kw)
@@ -213,7 +213,7 @@ def run_configuration(config: Configuration, *, model: str, devices: Sequence[st
                    n_predict=n_predict, interval=interval, n_seq_max=n_seq_max, n_ctx=n_ctx,
                    n_ubatch=n_ubatch, n_batch=n_batch, draft_max=draft_max, requests=requests,
                    nvidia=nvidia, threads=threads)
-        cmd = [sys.executable, "-m", "llama_metaws.vram", "--child", events_path]
+        cmd = [sys.executable, "-m", "llama_metaws.tools.vram", "--child", events_path]
         t0 = time.perf_counter()
         child = run_child(cmd, input=json.dumps(req), timeout=timeout)
         rc, stderr = child.returncode, child.stderr
@@ -293,7 +293,7 @@ def run_configurations(configs: Optional[Sequence[Union[str, Configuration]]] = 
     progress = progress or (lambda line: None)
     with tempfile.TemporaryDirectory(prefix="llama-metaws-vram-model-") as tmp:
         if model is None:
-            from ..testing import make_tiny_mtp_model
+            from ...testing import make_tiny_mtp_model
 
             model = os.fspath(make_tiny_mtp_model(os.path.join(tmp, "tiny-mtp-agreement-0.8.gguf"), agreement=0.8))
             progress(f"model: the tiny agreement MTP model ({model})")

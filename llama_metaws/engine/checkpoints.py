@@ -29,8 +29,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ._binding import llama_cpp
-from ._native import check_error, ffi, lib
+from ..native.binding import llama_cpp
+from ..native.shim import check_error, ffi, lib
 from .buffers import context_address
 
 __all__ = ["Checkpoint", "CheckpointStore", "PromptReuse", "DraftingLlamaState", "DEFAULT_CTX_CHECKPOINTS",

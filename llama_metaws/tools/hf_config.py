@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Union
 
-from .errors import PlanError
+from ..errors import PlanError
 
 __all__ = ["WEIGHT_TYPES", "write_gguf_from_hf_config"]
 

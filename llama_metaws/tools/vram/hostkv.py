@@ -53,7 +53,7 @@ def _memory(llm) -> dict:
 
 def _child(req: dict) -> dict:
     import llama_metaws  # noqa: F401  (the patched build, before llama_cpp)
-    from ..llama import Llama
+    from ...llama import Llama
 
     n_ctx, n_predict, draft_max = int(req["n_ctx"]), int(req["n_predict"]), int(req["draft_max"])
     lengths = request_lengths(n_ctx // int(req["n_seq_max"]), n_predict, draft_max)
@@ -100,7 +100,7 @@ def run_host_kv(*, model: str, devices: Sequence[str], prompt: str, n_ctx: int =
                no_mmap=no_mmap, threads=threads)
     name = f"host KV (-nkvo), tensor split {','.join(devices)}, draft-mtp, {workspace_mode} workspace"
     record = {"name": name, "result": "ok", "message": "", "memory": {}, "requests": []}
-    child = run_child([sys.executable, "-m", "llama_metaws.vram.hostkv"], input=json.dumps(req), timeout=timeout)
+    child = run_child([sys.executable, "-m", "llama_metaws.tools.vram.hostkv"], input=json.dumps(req), timeout=timeout)
     lines = [ln for ln in (child.stdout or "").splitlines() if ln.startswith("{")]
     if child.returncode == 0 and lines:
         record.update(json.loads(lines[-1]))

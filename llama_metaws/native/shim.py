@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 
-from .errors import LlamaMetawsError, NativeBuildMissing
+from ..errors import LlamaMetawsError, NativeBuildMissing
 from .runtime import require_build
 
 

@@ -11,10 +11,10 @@ import ctypes
 import os
 from typing import Optional, Sequence, Union
 
-from ._binding import _internals, llama_cpp, set_verbose
+from ..native.binding import _internals, llama_cpp, set_verbose
 from .devices import DeviceList
 from .rpc import local_devices
-from .params import set_fields
+from ..native.params import set_fields
 
 SPLIT_MODES = {
     "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,

@@ -6,7 +6,7 @@ import ctypes
 import dataclasses
 from typing import List, Optional, Sequence
 
-from ._native import ffi, lib
+from ..native.shim import ffi, lib
 
 _TYPE_NAMES = {
     lib.GGML_BACKEND_DEVICE_TYPE_CPU: "cpu",

@@ -1,4 +1,4 @@
-"""``llama-metaws vram``: its flags and its run; ``python -m llama_metaws.vram --child`` for one configuration."""
+"""``llama-metaws vram``: its flags and its run; ``python -m llama_metaws.tools.vram --child`` for one configuration."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _host_kv(args: argparse.Namespace, devices: List[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="llama-metaws-vram-model-") as tmp:
         model = args.model
         if model is None:
-            from ..testing import make_tiny_mtp_model
+            from ...testing import make_tiny_mtp_model
 
             model = os.fspath(make_tiny_mtp_model(os.path.join(tmp, "tiny-mtp-agreement-0.8.gguf"), agreement=0.8))
         record = run_host_kv(model=model, devices=devices, prompt=args.prompt, n_ctx=args.ctx_size,
@@ -117,7 +117,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--child"]:
         if len(argv) != 2:
-            print("usage: python -m llama_metaws.vram --child EVENTS_FILE  (a request as JSON on stdin)",
+            print("usage: python -m llama_metaws.tools.vram --child EVENTS_FILE  (a request as JSON on stdin)",
                   file=sys.stderr)
             return 2
         return child_main(argv[1])

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Sequence
 
-from . import build as _build
+from ..native import build as _build
 
 Progress = Callable[[str], None]
 
@@ -134,7 +134,7 @@ def make_source(out: Path, progress: Progress = _stderr) -> dict:
         _build.apply_patches(src, patches, progress)
         dropped = trim(src)
         manifest = _build.write_source_manifest(src, patches, trimmed=dropped,
-                                                recipe=f"llama_metaws.gpukit KEEP ({KIT_FORMAT})")
+                                                recipe=f"llama_metaws.tools.gpukit KEEP ({KIT_FORMAT})")
         n_files = sum(1 for p in src.rglob("*") if p.is_file())
         size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
         with tarfile.open(out / "llama.cpp.tar.gz", "w:gz", compresslevel=9) as tar:
@@ -259,7 +259,7 @@ def kit_size(kit: Path) -> int:
 def make_kit(out: Optional[Path] = None, python_versions: Sequence[str] = DEFAULT_PYTHON_VERSIONS,
              progress: Progress = _stderr) -> Path:
     """Make the kit into ``out`` (replaced if it exists); returns its folder."""
-    from .testing import make_tiny_mtp_model
+    from ..testing import make_tiny_mtp_model
 
     out = Path(out) if out else default_out()
     root = _build.source_root()

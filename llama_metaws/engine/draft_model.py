@@ -3,7 +3,7 @@
 The binding's ``Llama.generate`` asks its draft model for tokens after each sampled one;
 :class:`MTPDraftModel` answers from the model's MTP (NextN) head in a second context, kept in
 step with the target by :meth:`llama_metaws.llama.Llama.eval` (every decoded batch is handed to
-:meth:`MTPDraftModel.target_decoded`). It drives :class:`~llama_metaws.mtp.MTPDrafter` through
+:meth:`MTPDraftModel.target_decoded`). It drives :class:`~llama_metaws.engine.mtp.MTPDrafter` through
 its public step-by-step calls only.
 """
 
@@ -14,8 +14,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ._binding import LlamaDraftModel
-from .flags import AUTO_DRAFT_MAX
+from ..native.binding import LlamaDraftModel
+from .limits import AUTO_DRAFT_MAX
 from .mtp import DraftStats, MTPDrafter
 
 __all__ = ["AdaptiveLength", "DraftStatsReport", "MTPDraftModel", "OpenDraft"]
@@ -93,7 +93,7 @@ class MTPDraftModel(LlamaDraftModel):
     decoded batch (:meth:`target_decoded`), and before each evaluation :meth:`sync` cuts it
     back to where the target was cut (a rejected draft, a reset, a reused prefix). Called with
     the tokens so far (the last one sampled, not yet evaluated), it drafts from that token and
-    the target's hidden row before it. It drives :class:`~llama_metaws.mtp.MTPDrafter` through
+    the target's hidden row before it. It drives :class:`~llama_metaws.engine.mtp.MTPDrafter` through
     its step-by-step interface (``rewind_draft``, ``follow_target``, ``propose``).
     """
 

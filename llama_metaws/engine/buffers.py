@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List
 
-from ._native import address, check_error, ffi, lib
+from ..native.shim import address, check_error, ffi, lib
 
 
 @dataclasses.dataclass(frozen=True)

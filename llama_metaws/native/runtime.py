@@ -20,7 +20,7 @@ from typing import Optional
 
 from . import build as _build
 from . import manifest as _manifest
-from .errors import BindingVersionError, NativeBuildMissing
+from ..errors import BindingVersionError, NativeBuildMissing
 
 BINDING_DISTRIBUTION = "llama_cpp_python"
 
