@@ -183,7 +183,9 @@ OTHER_CONCERNS = {"0011-llama-recurrent-seq_rm-refuses-what-its-snapshots-ca.pat
                   # drafting's cost: the MTP block on its output rows, a checkpoint read from
                   # the rollback snapshots
                   "0017-llama-qwen35-s-MTP-block-runs-past-attention-on-its-.patch": 20,
-                  "0018-llama-a-recurrent-state-as-it-stood-a-few-positions-.patch": 100}
+                  "0018-llama-a-recurrent-state-as-it-stood-a-few-positions-.patch": 100,
+                  # output rows sized as llama-server sizes them: a batch beyond them is an error
+                  "0019-llama-decode-refuses-a-batch-beyond-the-context-s-li.patch": 15}
 
 
 def _production_lines(patch: Path) -> int:
