@@ -1,25 +1,15 @@
 // llama-metaws shim, C++ side: llama.cpp's memory breakdown of a context, for the planner.
 //
-// llama_get_memory_breakdown (src/llama-ext.h, a staging header llama.cpp does not install)
-// returns a std::map per buffer type: model bytes, context bytes (KV cache and recurrent state)
-// and compute bytes. For a context of a model loaded with llama_model_params.no_alloc these are
-// the sizes the allocators would have allocated (common/fit.cpp reads them the same way).
+// llama_get_memory_breakdown (src/llama-ext.h, a staging header llama.cpp does not install; the
+// shim's C++ side compiles with the patched tree's src/ on its include path, so the declarations
+// are llama.cpp's own) returns a std::map per buffer type: model bytes, context bytes (KV cache
+// and recurrent state) and compute bytes. For a context of a model loaded with
+// llama_model_params.no_alloc these are the sizes the allocators would have allocated
+// (common/fit.cpp reads them the same way).
 // cffi sees only the C entry point below.
 #include "shim.h"
 
-#include <cstddef>
-#include <map>
-
-// as declared in src/llama-ext.h (three byte counts; the function's C++ signature is what links)
-struct llama_memory_breakdown_data {
-    size_t model   = 0;
-    size_t context = 0;
-    size_t compute = 0;
-};
-static_assert(sizeof(llama_memory_breakdown_data) == 3 * sizeof(size_t), "llama_memory_breakdown_data layout");
-
-LLAMA_API std::map<ggml_backend_buffer_type_t, llama_memory_breakdown_data>
-llama_get_memory_breakdown(const struct llama_context * ctx);
+#include "llama-ext.h" // llama_get_memory_breakdown, llama_memory_breakdown_data: as llama.cpp declares them
 
 extern "C" int lmws_memory_breakdown(const struct llama_context * ctx, struct lmws_memory_entry * out,
                                      int capacity, int * n) {

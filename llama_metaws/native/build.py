@@ -538,7 +538,8 @@ def build_shim(build: Build, progress: Progress = _stderr_progress) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix="shim.tmp-", dir=build.root))
     try:
         build_shim.compile_shim(tmp, build.include_dir, build.lib_dir,
-                                sanitize=sanitizer_flags(build.manifest.get("cmake_args", ())))
+                                sanitize=sanitizer_flags(build.manifest.get("cmake_args", ())),
+                                ext_include_dir=build.src_dir / "src")
         for stale in tmp.iterdir():  # objects and the generated C: only the module is kept
             if not stale.name.endswith(".so"):
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
