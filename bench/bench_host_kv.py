@@ -1,6 +1,6 @@
 """The seed's second table on the CPU test bed: host-resident KV under tensor split (``llama-metaws vram --host-kv``).
 
-The tiny agreement model over ``CPU,CPU`` with ``offload_kqv=False`` (``-nkvo``; patch 0013), MTP
+The tiny agreement model over ``CPU,CPU`` with ``offload_kqv=False`` (``-nkvo``; patches 0014-0016), MTP
 drafting and the alias workspace, ``-np 2``, ``-c 512``: a short prompt, a prompt near the context
 size, a short follow-up, on one ``Llama`` in one child process; the bytes per buffer type of the
 target's KV cache, its recurrent state and the draft's KV cache from ggml's accounting. ``--runs``

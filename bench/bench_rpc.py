@@ -186,9 +186,9 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
         "Tensor split "
         "pays about 10 round trips per token without drafting (two GET_TENSOR per all-reduce, one "
         "all-reduce after attention and one after the FFN of each trunk layer, and the logits' "
-        "slices), layer split 2. What patches 0015 and 0016 changed: `bench_rpc_relay.py` below "
+        "slices), layer split 2. What patches 0020 and 0021 changed: `bench_rpc_relay.py` below "
         "(the all-reduce's GETs overlapped: same count, less waiting) and the `load SET_TENSOR` "
-        "column (2,102 under tensor split before 0016, now packed). Graphs are still re-sent every "
+        "column (2,102 under tensor split before 0021, now packed). Graphs are still re-sent every "
         "token under tensor split (GRAPH_COMPUTE, not GRAPH_RECOMPUTE).",
     ]
     return _doc.publish("bench_rpc", "\n".join(lines), write)

@@ -1,11 +1,11 @@
-"""Patch 0015 on and off: tensor split over two RPC servers, with and without MTP drafting.
+"""Patch 0020 on and off: tensor split over two RPC servers, with and without MTP drafting.
 
-The series without 0015 is built once (cached like any build: its own key, its own manifest in a
-temporary source root holding this checkout's patches minus 0015 and its shim); then each round
+The series without 0020 is built once (cached like any build: its own key, its own manifest in a
+temporary source root holding this checkout's patches minus 0020 and its shim); then each round
 runs, in child processes and alternating between the two builds, one Llama per variant (its own
 two ``llama-metaws rpc-server`` processes from the same build) for a few greedy requests. Decode
-tokens/s are medians; the ratio is with 0015 over without. Round trips per token are the same in
-both (``bench_rpc.py`` counts them): 0015 overlaps them.
+tokens/s are medians; the ratio is with 0020 over without. Round trips per token are the same in
+both (``bench_rpc.py`` counts them): 0020 overlaps them.
 
     .venv/bin/python bench/bench_rpc_relay.py [--runs 3] [--tokens 48]
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _doc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-PATCH = "0015-"
+PATCH = "0020-"
 REQUESTS = 3
 
 
@@ -55,7 +55,7 @@ def _child(variant: str, n_tokens: int) -> None:
 
 
 def _baseline_env(tmp: Path) -> dict:
-    """A source root with the series minus 0015, built (cached) and its manifest."""
+    """A source root with the series minus 0020, built (cached) and its manifest."""
     shutil.copytree(ROOT / "native", tmp / "native")
     (tmp / "patches").mkdir()
     names = [n for n in (ROOT / "patches" / "series").read_text().split() if not n.startswith(PATCH)]
@@ -72,7 +72,7 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
     variants = ("tensor", "tensor+mtp")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        builds = {"with 0015": dict(os.environ), "without 0015": _baseline_env(Path(tmp))}
+        builds = {"with 0020": dict(os.environ), "without 0020": _baseline_env(Path(tmp))}
         tps = {(b, v): [] for b in builds for v in variants}
         texts = set()
         for k in range(runs):
@@ -85,19 +85,19 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
                     texts.add((v, doc["text"]))
     med = {key: statistics.median(x) for key, x in tps.items()}
     lines = [
-        "## Patch 0015 on and off: the relayed all-reduce over RPC (bench/bench_rpc_relay.py)",
+        "## Patch 0020 on and off: the relayed all-reduce over RPC (bench/bench_rpc_relay.py)",
         "",
         f"Tensor split over two `llama-metaws rpc-server` processes on 127.0.0.1 (1 thread each), the "
         f"tiny qwen35 MTP model, {n_tokens} tokens greedy, {runs} rounds alternating between this "
-        f"build and the series built without 0015, {REQUESTS} requests per child (medians of decode "
+        f"build and the series built without 0020, {REQUESTS} requests per child (medians of decode "
         f"t/s); {time.monotonic() - t0:.0f} s. Same output with and without: "
         f"{'yes' if len(texts) == len(variants) else 'NO'}.",
         "",
-        "| variant | with 0015 t/s | without 0015 t/s | with / without |",
+        "| variant | with 0020 t/s | without 0020 t/s | with / without |",
         "|---|---:|---:|---:|",
     ]
     for v in variants:
-        a, b = med[("with 0015", v)], med[("without 0015", v)]
+        a, b = med[("with 0020", v)], med[("without 0020", v)]
         lines.append(f"| {v.replace('+mtp', ' + MTP')} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
     return _doc.publish("bench_rpc_relay", "\n".join(lines), write)
 

@@ -298,7 +298,7 @@ class Llama(llama_cpp.Llama):
             except RuntimeError:  # llama_decode failed: a lost RPC server is what to name
                 self._rpc.check()
                 raise
-            self._rpc.check(self._ctx.ctx)  # every command answered, none dropped (patch 0014)
+            self._rpc.check(self._ctx.ctx)  # every command answered, none dropped (patch 0019)
             return out
 
     def _eval_locked(self, tokens: Sequence[int]):

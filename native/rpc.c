@@ -22,7 +22,7 @@ int lmws_rpc_add_server(const char * endpoint, ggml_backend_dev_t * out, int cap
     if (add == NULL) {
         return lmws_fail_message(LMWS_ENOTSUP, "this build has no RPC backend (GGML_RPC=ON)");
     }
-    // patch 0014: NULL, never an abort, when the server cannot be reached (or has no devices)
+    // patch 0019: NULL, never an abort, when the server cannot be reached (or has no devices)
     ggml_backend_reg_t reg = add(endpoint);
     if (reg == NULL) {
         char msg[300];
@@ -54,7 +54,7 @@ int lmws_rpc_server_ok(const char * endpoint, bool * ok) {
     }
     rpc_server_ok_fn fn = (rpc_server_ok_fn) rpc_proc("ggml_backend_rpc_server_ok");
     if (fn == NULL) {
-        return lmws_fail_message(LMWS_ENOTSUP, "this build lacks ggml_backend_rpc_server_ok (patch 0014)");
+        return lmws_fail_message(LMWS_ENOTSUP, "this build lacks ggml_backend_rpc_server_ok (patch 0019)");
     }
     *ok = fn(endpoint);
     return LMWS_OK;

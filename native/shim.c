@@ -92,7 +92,7 @@ int lmws_workspace_info(const struct llama_context * ctx, struct llama_workspace
     return LMWS_OK;
 }
 
-int lmws_compute_buffer_state(const struct llama_context * ctx, int i, struct ggml_gallocr_buffer_state * state) {
+int lmws_compute_buffer_state(const struct llama_context * ctx, int i, struct llama_compute_buffer_state * state) {
     if (ctx == NULL || state == NULL) {
         return lmws_fail(LMWS_EINVAL, "workspace: NULL context");
     }
@@ -132,10 +132,24 @@ int lmws_workspace_set_meta_sharing(struct llama_context * owner, int sharing) {
     if (owner == NULL) {
         return lmws_fail(LMWS_EINVAL, "workspace: NULL target context");
     }
-    if (sharing < GGML_GALLOCR_META_ALIAS || sharing > GGML_GALLOCR_META_UNSAFE) {
+    if (sharing < LLAMA_WORKSPACE_META_ALIAS || sharing > LLAMA_WORKSPACE_META_UNSAFE) {
         return lmws_fail(LMWS_EINVAL, "workspace: unknown meta sharing %d", sharing);
     }
-    llama_set_workspace_meta_sharing(owner, (enum ggml_gallocr_meta_sharing) sharing);
+    llama_set_workspace_meta_sharing(owner, (enum llama_workspace_meta_sharing) sharing);
+    return LMWS_OK;
+}
+
+// a testing hook that only builds with GGML_ALLOC_FAULT_INJECTION have: a weak reference, NULL
+// where the library does not define it (declared in ggml's internal ggml-backend-impl.h)
+extern void ggml_backend_inject_alloc_failure(int n, int count, size_t min_size) __attribute__((weak));
+
+int lmws_inject_alloc_failure(int n, int count, size_t min_size) {
+    if (ggml_backend_inject_alloc_failure == NULL) {
+        return lmws_fail(LMWS_ENOTSUP, "allocation failures cannot be injected: ggml was built without "
+                                       "GGML_ALLOC_FAULT_INJECTION (llama-metaws builds turn it on unless "
+                                       "CMAKE_ARGS turns it off)");
+    }
+    ggml_backend_inject_alloc_failure(n, count, min_size);
     return LMWS_OK;
 }
 

@@ -40,15 +40,22 @@ int lmws_workspace_enable(struct llama_context * ctx, bool enabled, uint32_t n_d
 int lmws_workspace_attach(struct llama_context * borrower, struct llama_context * owner);
 int lmws_workspace_detach(struct llama_context * ctx);
 int lmws_workspace_info(const struct llama_context * ctx, struct llama_workspace_info * info);
-int lmws_compute_buffer_state(const struct llama_context * ctx, int i, struct ggml_gallocr_buffer_state * state);
+int lmws_compute_buffer_state(const struct llama_context * ctx, int i, struct llama_compute_buffer_state * state);
 
+// sharing: an enum llama_workspace_meta_sharing value
 int lmws_workspace_set_meta_sharing(struct llama_context * owner, int sharing);
 int lmws_cpu_meta_device(int n_devices, ggml_backend_dev_t * out);
+// the ggml-level reproduction: sharing is an enum ggml_gallocr_meta_sharing value
 int lmws_repro_meta_shared(int sharing, int n_devices, uint64_t * owner_generations);
 int lmws_meta_alias_check(int n_devices, int * alias_of_plain, int * alias_of_alias);
 
+// testing: from the n-th following non-empty buffer allocation on, the next `count` of at least
+// min_size bytes fail (count -1: until n == 0 disarms); LMWS_ENOTSUP when the build has no
+// injector (ggml built without GGML_ALLOC_FAULT_INJECTION, patch 0004)
+int lmws_inject_alloc_failure(int n, int count, size_t min_size);
+
 // prompt reuse: the recurrent state of a sequence as it stood n_back positions before its last
-// one, from its last decode's rollback snapshots (patch 0018); *size 0: they do not reach back
+// one, from its last decode's rollback snapshots (patch 0024); *size 0: they do not reach back
 int lmws_state_seq_size_back(struct llama_context * ctx, int32_t seq_id, uint32_t n_back, size_t * size);
 int lmws_state_seq_get_back(struct llama_context * ctx, int32_t seq_id, uint32_t n_back,
                             uint8_t * dst, size_t size, size_t * written);

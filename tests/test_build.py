@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,13 +144,15 @@ def test_the_full_build_stops_at_a_bad_patch_and_names_it(tmp_path, monkeypatch)
 PATCH_SYMBOLS = {
     "libllama.so": ["llama_n_compute_buffers", "llama_get_compute_buffer",  # 0001
                     "llama_set_phase_aware_workspace", "llama_attach_shared_workspace",  # 0005
-                    "llama_get_compute_buffer_state", "llama_set_workspace_meta_sharing"],  # 0005, 0010
+                    "llama_get_compute_buffer_state", "llama_set_workspace_meta_sharing",  # 0005, 0010
+                    "llama_state_seq_get_data_back"],  # 0024
     "libggml-base.so": ["ggml_gallocr_set_resizable", "ggml_gallocr_request_shrink",  # 0002
                         "ggml_backend_sched_set_resizable",  # 0003
-                        "ggml_backend_inject_alloc_failure",  # 0004
+                        # 0004, a testing option the plugin's builds turn on (build.BASE_CMAKE_ARGS)
+                        "ggml_backend_inject_alloc_failure",
                         "ggml_backend_meta_buffer_alias",  # 0008
                         "ggml_gallocr_set_meta_sharing"],  # 0009
-    # the RPC backend is in every build (build.BASE_CMAKE_ARGS); patch 0014's
+    # the RPC backend is in every build (build.BASE_CMAKE_ARGS); patch 0019's
     # ggml_backend_rpc_server_ok is reached through the registry (test_rpc.py)
     "libggml-rpc.so": ["ggml_backend_rpc_start_server", "ggml_backend_rpc_add_server"],
 }
@@ -170,22 +173,30 @@ def test_the_built_libraries_export_our_symbols(lib):
 PRODUCTION_LINES_MAX = 950
 # the bound is the workspace and alias series' (0001-0010); a patch of another concern, its own
 # upstream pull request, is counted apart
+WORKSPACE_SERIES = [f"{i:04d}-" for i in range(1, 11)]
 OTHER_CONCERNS = {"0011-llama-recurrent-seq_rm-refuses-what-its-snapshots-ca.patch": 80,
-                  # tensor split across hosts (RPC devices): the meta backend's zero-size views
-                  # and names, the RPC client's soft failures, the relayed all-reduce, packed
-                  # 2-D copies
-                  "0012-ggml-meta-zero-size-views-keep-an-in-range-offset-on.patch": 20,
-                  "0014-ggml-rpc-a-lost-or-unreachable-server-fails-softly.patch": 90,
-                  "0015-ggml-meta-relay-host-staged-all-reduce-copies-with-e.patch": 50,
-                  "0016-ggml-rpc-2-D-tensor-copies-as-packed-commands.patch": 70,
-                  # host-resident KV under tensor split: split by head in the meta backend
-                  "0013-ggml-meta-split-a-host-resident-KV-cache-by-head.patch": 200,
-                  # drafting's cost: the MTP block on its output rows, a checkpoint read from
-                  # the rollback snapshots
-                  "0017-llama-qwen35-s-MTP-block-runs-past-attention-on-its-.patch": 20,
-                  "0018-llama-a-recurrent-state-as-it-stood-a-few-positions-.patch": 100,
+                  # tensor split across hosts (RPC devices): the meta backend's names and
+                  # zero-size views, the RPC transport's MSG_NOSIGNAL, the server's range check,
+                  # the client's soft failures, the relayed all-reduce, packed 2-D copies
+                  "0012-ggml-meta-name-meta-devices-and-buffer-types-after-t.patch": 10,
+                  "0013-ggml-meta-zero-size-views-keep-an-in-range-offset-on.patch": 10,
+                  "0017-ggml-rpc-send-with-MSG_NOSIGNAL-a-lost-peer-is-an-er.patch": 10,
+                  "0018-ggml-rpc-the-server-refuses-a-tensor-outside-its-buf.patch": 10,
+                  "0019-ggml-rpc-a-lost-or-unreachable-server-fails-softly-o.patch": 80,
+                  "0020-ggml-meta-relay-host-staged-all-reduce-copies-with-e.patch": 50,
+                  "0021-ggml-rpc-2-D-tensor-copies-as-packed-commands.patch": 70,
+                  # host-resident KV under tensor split: the recurrent state stays on the meta
+                  # device, the meta backend's host buffer type, the KV cache in it
+                  "0014-llama-the-recurrent-state-stays-with-its-layer-under.patch": 10,
+                  "0015-ggml-meta-a-host-buffer-type-whose-tensors-the-devic.patch": 180,
+                  "0016-llama-a-host-resident-KV-cache-under-tensor-split-is.patch": 10,
+                  # drafting: the masked NextN rows' fix, the MTP block on its output rows, a
+                  # checkpoint read from the rollback snapshots
+                  "0022-llama-qwen35-s-masked-NextN-rows-are-the-output-rows.patch": 15,
+                  "0023-llama-qwen35-s-MTP-block-runs-past-attention-on-its-.patch": 15,
+                  "0024-llama-a-recurrent-state-as-it-stood-a-few-positions-.patch": 100,
                   # output rows sized as llama-server sizes them: a batch beyond them is an error
-                  "0019-llama-decode-refuses-a-batch-beyond-the-context-s-li.patch": 15}
+                  "0025-llama-decode-refuses-a-batch-beyond-the-context-s-li.patch": 15}
 
 
 def _production_lines(patch: Path) -> int:
@@ -204,7 +215,98 @@ def test_the_series_adds_at_most_950_production_lines():
     assert set(OTHER_CONCERNS) <= set(counts)
     for name, most in OTHER_CONCERNS.items():
         assert counts.pop(name) <= most, name
+    assert sorted(n[:5] for n in counts) == WORKSPACE_SERIES, sorted(counts)  # what is left: 0001-0010
     assert sum(counts.values()) <= PRODUCTION_LINES_MAX, counts
+
+
+def test_each_patch_is_numbered_by_its_place_and_titled_without_a_count():
+    """git format-patch -N: "[PATCH] area : what", the file numbered by its place in the series
+    (a "[PATCH nn/10]" left in a longer series misnumbers it)."""
+    for i, patch in enumerate(build.read_series(ROOT / "patches"), 1):
+        assert patch.name.startswith(f"{i:04d}-"), patch.name
+        subject = next(line for line in patch.read_text().splitlines() if line.startswith("Subject: "))
+        assert re.match(r"Subject: \[PATCH\] [\w.-]+ : \S", subject), (patch.name, subject)
+        assert "From: llama-metaws <dev@llama-metaws>" in patch.read_text()
+
+
+README_ROW = re.compile(r"^\| (\d{4}) [^|]+\| (\d+) \|")
+
+
+def test_the_readme_patch_table_gives_each_patch_its_production_lines():
+    patches = build.read_series(ROOT / "patches")
+    rows = {m.group(1): int(m.group(2)) for line in (ROOT / "README.md").read_text().splitlines()
+            if (m := README_ROW.match(line))}
+    counts = {p.name[:4]: _production_lines(p) for p in patches}
+    assert rows == counts
+    workspace = sum(n for k, n in counts.items() if k + "-" in WORKSPACE_SERIES)
+    readme = (ROOT / "README.md").read_text()
+    assert f"0001-0010 add {workspace} production lines" in readme
+    assert f"the whole series {sum(counts.values())}" in readme
+
+
+def test_the_public_headers_carry_no_allocator_types_and_no_testing_hook():
+    """llama.h speaks llama's own types (llama_compute_buffer_state, llama_workspace_meta_sharing),
+    and no installed header declares the allocation-failure injector (a testing build option,
+    declared in ggml's internal ggml-backend-impl.h)."""
+    include = runtime.require_build().include_dir
+    llama_h = (include / "llama.h").read_text()
+    assert "llama_compute_buffer_state" in llama_h and "llama_workspace_meta_sharing" in llama_h
+    assert "ggml_gallocr" not in llama_h
+    offenders = [h.name for h in include.glob("*.h") if "inject_alloc_failure" in h.read_text()]
+    assert not offenders, offenders
+
+
+def _added_llama_h_calls():
+    names = []
+    for patch in build.read_series(ROOT / "patches"):
+        in_llama_h = False
+        for line in patch.read_text().splitlines():
+            if line.startswith("diff --git "):
+                in_llama_h = line.endswith(" b/include/llama.h")
+            elif in_llama_h and line.startswith("+") and "LLAMA_API" in line:
+                names.append(re.search(r"(llama_\w+)\s*\(", line).group(1))
+    return names
+
+
+def _documented(lines, i):
+    """A comment right above line i's declaration, or above the group it belongs to (declarations
+    and their continuation lines, blank lines between them, as llama_state_seq_*_ext are)."""
+    k = i - 1
+    while k >= 0:
+        line = lines[k]
+        if line.strip().startswith("//"):
+            return True
+        if "LLAMA_API" in line or (line.startswith(" " * 8) and line.strip()):
+            k -= 1
+        elif not line.strip() and k > 0 and lines[k - 1].rstrip().endswith(");"):
+            k -= 1
+        else:
+            return False
+    return False
+
+
+def test_every_call_the_series_adds_to_llama_h_is_documented():
+    lines = (runtime.require_build().include_dir / "llama.h").read_text().splitlines()
+    names = _added_llama_h_calls()
+    assert "llama_get_compute_buffer_state" in names and "llama_state_seq_get_data_back" in names
+    at = {name: next(k for k, line in enumerate(lines) if "LLAMA_API" in line and re.search(rf"\b{name}\s*\(", line))
+          for name in names}
+    undocumented = [name for name, i in at.items() if not _documented(lines, i)]
+    assert not undocumented, undocumented
+
+
+def test_the_documentation_check_finds_an_undocumented_call():
+    lines = ["    // what f does", "    LLAMA_API void f(int a,", "            int b);", "",
+             "    LLAMA_API void g(int a);", "", "    struct s {", "    };", "", "    LLAMA_API void h(void);"]
+    assert _documented(lines, 1) and _documented(lines, 4) and not _documented(lines, 9)
+
+
+def test_the_snapshot_read_is_a_const_method_of_the_memory_interface():
+    """Patch 0024: llama_memory_i::state_write_back, const; the context casts to no memory type."""
+    src = runtime.require_build().src_dir / "src"
+    memory_h = (src / "llama-memory.h").read_text()
+    assert re.search(r"virtual bool state_write_back\([^)]*\) const", memory_h)
+    assert "dynamic_cast" not in (src / "llama-context.cpp").read_text()
 
 
 def test_the_line_count_skips_tests_and_counts_the_rest(tmp_path):

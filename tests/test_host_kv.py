@@ -1,4 +1,4 @@
-"""Host-resident KV under tensor split (``offload_kqv=False``, llama.cpp's ``-nkvo``; patch 0013).
+"""Host-resident KV under tensor split (``offload_kqv=False``, llama.cpp's ``-nkvo``; patches 0014-0016).
 
 The target's and the MTP draft's KV caches stay in host memory, each device of the split works on
 its own KV heads of them in place, the recurrent state stays on the meta device. Every run that

@@ -1,6 +1,6 @@
-"""Patch 0017 at llama level: with masked NextN rows (what a draft context sets) qwen35's MTP
-block runs past its attention on the output rows only, and the NextN rows it gives are the
-outputs' own.
+"""Patches 0022 and 0023 at llama level: with masked NextN rows (what a draft context sets)
+the NextN rows qwen35's MTP block gives are the outputs' own (0022), and the block runs past its
+attention on the output rows only (0023).
 
 A node observer (the context's ``cb_eval``, which the scheduler asks about every node before it
 computes it) reads the rows of the block's FFN output (``mtp_ffn_out``); the rows and logits of a

@@ -1,4 +1,4 @@
-"""Output rows as llama-server reserves them (patch 0019 and engine.limits): a context holds the
+"""Output rows as llama-server reserves them (patch 0025 and engine.limits): a context holds the
 logits rows that are read, and a batch asking for more is an error, never an abort."""
 
 import subprocess

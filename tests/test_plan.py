@@ -78,7 +78,7 @@ def test_cache_types_and_no_kv_offload_reach_llama_cpp(mtp_path):
     host = plan(mtp_path, devices=2, split_mode="tensor", n_ctx=512, n_seq_max=2, n_ubatch=64, n_batch=64,
                 no_kv_offload=True)
     assert host.device("CPU").kv > 0 and host.device("CPU0").kv == 0
-    # the KV caches in host memory, the recurrent state on the meta device (patch 0013)
+    # the KV caches in host memory, the recurrent state on the meta device (patches 0014-0016)
     assert host.device("CPU").kv == f16.device("CPU0").kv + f16.device("CPU1").kv
     assert host.device("CPU").recurrent == 0 and host.device("CPU0").recurrent == f16.device("CPU0").recurrent > 0
 

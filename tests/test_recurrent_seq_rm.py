@@ -1,5 +1,5 @@
 """A recurrent memory's rollback snapshots (n_rs_seq) at llama level: patch 0011, which makes
-``llama_memory_seq_rm`` answer truthfully (llama.cpp issue 26695), and patch 0018, which reads a
+``llama_memory_seq_rm`` answer truthfully (llama.cpp issue 26695), and patch 0024, which reads a
 state a few positions back out of them (``llama_state_seq_get_data_back``).
 
 The gated delta net writes snapshot groups 0 .. n-1 for a ubatch of n tokens: a rollback by
@@ -168,7 +168,7 @@ def test_without_snapshots_every_partial_rollback_is_refused(model):
         c.close()
 
 
-# patch 0018: a state read back from the snapshots
+# patch 0024: a state read back from the snapshots
 
 
 def _partial_state(ctx) -> bytes:

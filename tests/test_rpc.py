@@ -56,7 +56,7 @@ def cpu_texts(mtp_path):
 @pytest.mark.parametrize("split_mode", ["layer", "tensor"])
 def test_greedy_output_over_two_rpc_servers_equals_one_cpu(servers, mtp_path, cpu_texts, split_mode):
     # without drafting the target keeps no rollback snapshots (n_rs_seq = 0): under tensor split
-    # its recurrent layers' empty states_extra view is the one patch 0012 keeps in range (without
+    # its recurrent layers' empty states_extra view is the one patch 0013 keeps in range (without
     # it both servers die on their range check)
     with Llama(mtp_path, rpc_servers=servers, split_mode=split_mode, **KW) as plain:
         assert _texts(plain) == cpu_texts
@@ -87,7 +87,7 @@ def test_rpc_devices_combine_with_local_ones(servers, mtp_path, cpu_texts):
 
 
 def test_split_weights_go_up_in_packed_commands(mtp_path, tmp_path):
-    """Patch 0016: each device's slice of a split weight goes in packed SET_TENSOR commands, not
+    """Patch 0021: each device's slice of a split weight goes in packed SET_TENSOR commands, not
     one per row; the servers count them (GGML_RPC_DEBUG logs a line per command served)."""
     logs = [tmp_path / f"server{i}.log" for i in range(2)]
     procs = [start_rpc_server(free_port(), env=dict(os.environ, GGML_RPC_DEBUG="1"), stderr=open(log, "w"))

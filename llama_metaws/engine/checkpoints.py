@@ -5,14 +5,14 @@ state folds in every token, and its rollback snapshots (``n_rs_seq``) reach only
 decode (with the series' patch 0011 ``llama_memory_seq_rm`` says so by returning false). So
 prompt reuse keeps, as llama-server does with ``--ctx-checkpoints``, copies of the recurrent
 part of the state (what ``llama_state_seq_get_data_ext`` writes with
-``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``, taken through patch 0018's call, :func:`state_back`)
+``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``, taken through patch 0024's call, :func:`state_back`)
 at the end of each prompt and every ``checkpoint_every`` tokens of a long one. A later request
 restores the newest checkpoint inside the prefix it shares with the tokens held, cuts the
 attention KV after it and evaluates only the rest. A checkpoint is also taken 4 tokens before the
 end of each prompt, as llama-server does, for a next prompt that parts from this one in its last
 tokens (the same prompt again, a template's or a tokenizer's seam). Where the target's rollback
 snapshots reach that far back (``n_rs_seq >= 3``: ``draft_max`` 3 or more), that one is read from
-them after the prompt's last batch (the series' patch 0018, :func:`state_back`); else the prompt's
+them after the prompt's last batch (the series' patch 0024, :func:`state_back`); else the prompt's
 batches end there too, which costs one more small batch.
 
 A :class:`Checkpoint` also keeps the tokens it covers (it is valid only while the context holds
@@ -51,7 +51,7 @@ PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 def state_back(ctx, n_back: int, seq_id: int = 0) -> Optional[bytes]:
     """The recurrent part of sequence ``seq_id``'s state in ``ctx`` as it stood ``n_back``
     positions before its last one (``llama_state_seq_get_data_ext`` with ``PARTIAL_ONLY`` then,
-    read back by it), from the rollback snapshots of the last decode (patch 0018); None when they
+    read back by it), from the rollback snapshots of the last decode (patch 0024); None when they
     do not reach back so far. The sequence itself is left as it is."""
     c = ffi.cast("struct llama_context *", context_address(ctx))
     size = ffi.new("size_t *")

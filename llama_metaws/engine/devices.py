@@ -90,7 +90,7 @@ def check_tensor_split(device_list: Optional[DeviceList], kwargs: dict) -> None:
     context without it).
 
     ``offload_kqv=False`` (llama.cpp's ``-nkvo``) keeps the KV cache in host memory, where each
-    device of the split works on its own KV heads in place (patch 0013): only devices that compute
+    device of the split works on its own KV heads in place (patches 0014-0016): only devices that compute
     on host memory can, i.e. CPU devices; anything else would abort in the meta backend.
     """
     devices = device_list.devices if device_list else [d for d in list_devices() if d.type != "cpu"]

@@ -6,7 +6,7 @@ order this process first reached the servers; each device's description is its e
 ``devices=[...]`` may name them next to local ones. Without ``devices`` a ``Llama`` uses the
 servers' devices first, then the local GPUs, as llama.cpp orders them.
 
-Failures are Python exceptions, never an abort (patch 0014): a server that cannot be reached is
+Failures are Python exceptions, never an abort (patches 0017 and 0019): a server that cannot be reached is
 a ``ValueError`` at load; one that goes away mid-request makes the next :func:`check` (after every
 evaluation) raise :class:`RPCServerError` naming it. The protocol has no authentication: bind a
 server to loopback or a trusted private network only.

@@ -31,8 +31,8 @@ from ..native.shim import check_error, ffi, lib
 from .buffers import compute_buffers, context_address
 
 MODES = ("alias", "private-meta", "unsafe-shared", "off")
-_META_SHARING = {"alias": "GGML_GALLOCR_META_ALIAS", "private-meta": "GGML_GALLOCR_META_PRIVATE",
-                 "unsafe-shared": "GGML_GALLOCR_META_UNSAFE"}
+_META_SHARING = {"alias": "LLAMA_WORKSPACE_META_ALIAS", "private-meta": "LLAMA_WORKSPACE_META_PRIVATE",
+                 "unsafe-shared": "LLAMA_WORKSPACE_META_UNSAFE"}
 
 
 class WorkspaceWarning(UserWarning):
@@ -89,14 +89,14 @@ def context_info(ctx) -> WorkspaceInfo:
 def _entries(ctx, role: str) -> List[tuple]:
     """(buft address, WorkspaceEntry) for each distinct buffer type of one context."""
     c = _context_ptr(ctx, role)
-    st = ffi.new("struct ggml_gallocr_buffer_state *")
+    st = ffi.new("struct llama_compute_buffer_state *")
     out, seen = [], set()
     for b in compute_buffers(ctx):
         if b.buft in seen:
             continue  # a buffer type used by two backends has one buffer
         seen.add(b.buft)
         check_error(lib.lmws_compute_buffer_state(c, b.index, st))
-        if st.role == lib.GGML_GALLOCR_ROLE_NONE:  # not resizable: its need is what it holds
+        if not st.resizable:  # not in the workspace: its need is what it holds
             need = int(st.allocated)
             owner_need, borrower_need = (need, 0) if role == "target" else (0, need)
         else:  # ggml reports each role's published requirement
@@ -191,7 +191,8 @@ def inject_alloc_failure(n: int, *, count: int = 1, min_size: int = 0) -> None:
 
     From the n-th following allocation on, the next ``count`` allocations of at least
     ``min_size`` bytes fail (``count=-1``: every one of them, until ``inject_alloc_failure(0)``);
-    ``n=0`` disarms. Process-wide (patch 0004).
+    ``n=0`` disarms. Process-wide (patch 0004). ``NotImplementedError`` when the build has no
+    injector (ggml built with ``-DGGML_ALLOC_FAULT_INJECTION=OFF``; llama-metaws builds turn it on).
     """
     for name, value in (("n", n), ("count", count), ("min_size", min_size)):
         if not isinstance(value, int) or isinstance(value, bool):
@@ -204,7 +205,7 @@ def inject_alloc_failure(n: int, *, count: int = 1, min_size: int = 0) -> None:
         raise ValueError("min_size must be >= 0")
     if n > 2**31 - 1 or count > 2**31 - 1:
         raise ValueError("n and count must fit in a C int")
-    lib.ggml_backend_inject_alloc_failure(n, count, min_size)
+    check_error(lib.lmws_inject_alloc_failure(n, count, min_size))
 
 
 def private_bytes(ctx) -> int:

@@ -53,8 +53,12 @@ VENDOR_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 RECIPE_VERSION = 1
 
 # What the binding needs, nothing more: no common library, tools, tests or the app. The RPC
-# backend is on for everyone (``rpc_servers=``, ``llama-metaws rpc-server``); these arguments
-# join the key (``BuildInputs.base_cmake_args``), so changing them is a new build.
+# backend is on for everyone (``rpc_servers=``, ``llama-metaws rpc-server``), and so is ggml's
+# testing option GGML_ALLOC_FAULT_INJECTION (patch 0004, off in ggml's default build): this build
+# is the one the plugin's tests, the sanitizer run and the GPU kit run on, and they fail
+# allocations through ``inject_alloc_failure``; ``CMAKE_ARGS=-DGGML_ALLOC_FAULT_INJECTION=OFF``
+# builds without it. These arguments join the key (``BuildInputs.base_cmake_args``), so
+# changing them is a new build.
 BASE_CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=ON",
@@ -66,6 +70,7 @@ BASE_CMAKE_ARGS = (
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_OPENSSL=OFF",
     "-DGGML_RPC=ON",
+    "-DGGML_ALLOC_FAULT_INJECTION=ON",
     "-DCMAKE_INSTALL_LIBDIR=lib",
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
 )

@@ -3,7 +3,7 @@
 struct llama_model;
 struct llama_context;
 
-/* Phase-aware workspace (llama.h, patch 0005). */
+/* Phase-aware workspace (llama.h, patches 0005 and 0010). */
 struct llama_workspace_info {
     bool     enabled;
     bool     paired;
@@ -14,4 +14,24 @@ struct llama_workspace_info {
     int32_t  n_rebuilds;
     int32_t  n_handoff_syncs;
     ...;
+};
+
+struct llama_compute_buffer_state {
+    bool     resizable;
+    bool     shared;
+    bool     alias;
+    size_t   owner_need;
+    size_t   borrower_need;
+    size_t   allocated;
+    uint64_t generation;
+    int32_t  n_grow;
+    int32_t  n_shrink;
+    ...;
+};
+
+enum llama_workspace_meta_sharing {
+    LLAMA_WORKSPACE_META_ALIAS,
+    LLAMA_WORKSPACE_META_PRIVATE,
+    LLAMA_WORKSPACE_META_UNSAFE,
+    ...
 };

@@ -2,7 +2,7 @@
 
 ``llama-metaws vram --host-kv`` runs one configuration in a child process: tensor split with
 ``offload_kqv=False`` (llama.cpp's ``-nkvo``: the target's and the draft's KV caches in host
-memory, each device working on its own KV heads of them; patch 0013), ``draft="mtp"``, the
+memory, each device working on its own KV heads of them; patches 0014-0016), ``draft="mtp"``, the
 alias workspace, and three requests: a short prompt, a prompt near the context size (of a
 sequence: ``n_ctx / n_seq_max``, as llama.cpp's slots get it), a short follow-up. It reports, from ggml's accounting (llama.cpp's memory
 breakdown, ``plan.memory_breakdown``), the exact bytes per buffer type of the target's KV cache
