@@ -35,7 +35,7 @@ SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_
 	tests/test_recurrent_seq_rm.py tests/test_mtp_block.py \
 	tests/test_llama_archs.py::test_the_phase_workspace_lifecycle_over_a_random_mtp_model
 
-.PHONY: setup build demo test peer-tests bench sanitize clean-build gpu-kit gpu-kit-dry-run
+.PHONY: setup build demo test peer-tests series-check install-ccache bench sanitize clean-build gpu-kit gpu-kit-dry-run
 
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,19 @@ test: setup
 # library and the test are compiled: 7.6 minutes cold on 2 cores): tests/test_llama_archs.py
 peer-tests: setup
 	$(PY) -m pytest -ra -m peer tests
+
+# The patch series is bisectable: each patch applied in turn to the vendored llama.cpp, the
+# libraries built and llama.cpp's test-alloc run after each (llama_metaws/native/series.py; the
+# README says how long it takes). ccache makes a repeated run mostly cache hits: it is installed
+# with apt-get when missing (as root, or through sudo).
+series-check: $(VENV)/.deps
+	@command -v ccache >/dev/null 2>&1 || $(MAKE) --no-print-directory install-ccache
+	$(PY) -m llama_metaws.native.series
+
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+install-ccache:
+	$(SUDO) apt-get update -qq
+	$(SUDO) apt-get install -y -qq ccache
 
 bench: setup
 	$(PY) bench/bench_workspace.py
