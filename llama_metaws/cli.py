@@ -161,7 +161,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         st = llm.draft_stats.last
         print(f"prompt {t['prompt_tokens']} tokens, {t['prompt_tokens_per_s']:.1f} t/s; "
               f"decode {t['decode_tokens']} tokens, {t['decode_tokens_per_s']:.1f} t/s", file=sys.stderr)
-        if llm.draft_model is not None:
+        if llm.drafting:
             print(f"draft: {st.drafted} drafted, {st.accepted} accepted ({st.acceptance:.1%})", file=sys.stderr)
         for e in llm.workspace_stats():
             print(f"workspace {e.buffer_type}: allocated {e.allocated:,} B (target needs {e.owner_need:,}, "

@@ -66,12 +66,14 @@ def _workspace_foreign(env):
     Workspace(object(), object())
 
 
-def _drafter(env, prompt=(1, 2, 3), **kw):
-    from llama_metaws.engine.mtp import MTPDrafter
+def _engine(env, prompt=(1, 2, 3), **kw):
+    from llama_metaws.engine.core import Engine
+    from llama_metaws.engine.request import Request
 
     model, target, draft = _contexts(env)
     try:
-        MTPDrafter(target, draft, **kw).generate(list(prompt), 4)
+        with Engine(target, draft, **kw) as engine:
+            engine.submit(Request(list(prompt), max_tokens=4)).wait(60)
     finally:
         draft.close()
         target.close()
@@ -91,18 +93,19 @@ def _compute_buffers_closed(env):
 
 
 def _injected_grow_failure(env):
-    from llama_metaws.engine.mtp import MTPDrafter
+    from llama_metaws.engine.core import Engine
     from llama_metaws.engine.workspace import Workspace, inject_alloc_failure
 
     model, target, draft = _contexts(env)
     ws = Workspace(target, draft, n_decode_tokens=4)
-    drafter = MTPDrafter(target, draft, draft_max=3)
+    drafter = Engine(target, draft, draft_max=3)
     try:
-        drafter.generate([1, 2, 3], 4)       # decode phase: the entry is decode-sized
+        drafter.complete([1, 2, 3], 4)       # decode phase: the entry is decode-sized
         inject_alloc_failure(1)              # the next prompt's grow fails
-        drafter.generate(list(range(60)), 4)
+        drafter.complete(list(range(60)), 4)
     finally:
         inject_alloc_failure(0)
+        drafter.close()
         ws.close()
         draft.close()
         target.close()
@@ -169,10 +172,10 @@ CASES = [
     ("Workspace(target, draft) on a closed draft context", _workspace_on_closed_draft, ValueError,
      r"draft context is closed"),
     ("Workspace(object(), object())", _workspace_foreign, ValueError, r"target context is closed or not a llama context"),
-    ("MTPDrafter(draft_max=0)", lambda e: _drafter(e, draft_max=0), ValueError, r"draft_max must be"),
-    ("MTPDrafter(p_min=nan)", lambda e: _drafter(e, p_min=math.nan), ValueError, r"p_min must be in"),
-    ("MTPDrafter.generate([]) (an empty prompt)", lambda e: _drafter(e, prompt=()), ValueError, r"prompt is empty"),
-    ("MTPDrafter.generate([500]) (a token outside the vocabulary)", lambda e: _drafter(e, prompt=(500,)),
+    ("Engine(draft_max=0)", lambda e: _engine(e, draft_max=0), ValueError, r"draft_max must be"),
+    ("Engine(p_min=nan)", lambda e: _engine(e, p_min=math.nan), ValueError, r"p_min must be in"),
+    ("Request([]) (an empty prompt)", lambda e: _engine(e, prompt=()), ValueError, r"prompt is empty"),
+    ("Engine.submit(Request([500])) (a token outside the vocabulary)", lambda e: _engine(e, prompt=(500,)),
      ValueError, r"outside the vocabulary"),
     ("compute_buffers() of a closed context", _compute_buffers_closed, ValueError, r"NULL"),
     ("a decode whose workspace grow cannot be allocated", _injected_grow_failure, RuntimeError,

@@ -15,7 +15,6 @@ job. Requests that wait are counted: past ``queue_size`` a new one is refused wi
 from __future__ import annotations
 
 import asyncio
-import gc
 import queue
 import threading
 from typing import Any, Callable, List, Optional
@@ -25,11 +24,11 @@ from .errors import Cancelled, RequestError, shutting_down
 
 
 class ServedLlama(Llama):
-    """Our ``Llama`` whose every generation also stops when :attr:`request_check` says so."""
+    """Our ``Llama`` whose every completion also stops when :attr:`request_check` says so."""
 
     request_check: Optional[Callable[[], bool]] = None  # set by the worker around each job
 
-    def generate(self, tokens, *args, stopping_criteria=None, **kwargs):
+    def _create_completion(self, *args, stopping_criteria=None, **kwargs):
         check = self.request_check
         if check is not None:
             from ..native.binding import llama_cpp
@@ -38,7 +37,7 @@ class ServedLlama(Llama):
             if stopping_criteria:
                 ours.extend(stopping_criteria)
             stopping_criteria = ours
-        return super().generate(tokens, *args, stopping_criteria=stopping_criteria, **kwargs)
+        return super()._create_completion(*args, stopping_criteria=stopping_criteria, **kwargs)
 
 
 class Job:
@@ -178,10 +177,6 @@ class ModelWorker:
                 self._end(job, "error", e)
             finally:
                 self.llm.request_check = None
-                if self.llm._guard.busy:
-                    # a generator of the job not closed yet (kept by a reference cycle): the
-                    # collector finalizes it, which gives the instance back
-                    gc.collect()
                 with self._lock:
                     if self._running is job:
                         self._running = None
