@@ -23,7 +23,8 @@ New keyword arguments (llama.cpp's option names):
 - ``split_mode``: ``"none" | "layer" | "row" | "tensor"`` or the binding's integers, with
   ``tensor_split``; the binding's ``offload_kqv=False`` (``-nkvo``) under tensor split keeps
   the KV caches in host memory, each device on its own heads (CPU devices; else a ValueError);
-- ``n_seq_max`` (llama.cpp's ``-np``): sequences the contexts hold;
+- ``n_seq_max`` (llama.cpp's ``-np``): sequences the contexts hold; ``kv_unified=True`` (``-kvu``):
+  one KV buffer for all of them, each may use the whole context (else each has ``n_ctx / n_seq_max``);
 - ``phase_aware_workspace=True`` and ``workspace_mode`` (``"alias"``, ``"private-meta"``,
   ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash);
 - prompt reuse of a recurrent or hybrid target with drafting (:mod:`llama_metaws.engine.checkpoints`):
@@ -150,6 +151,7 @@ class Llama(llama_cpp.Llama):
         workspace_mode: str = "alias",
         allow_unsafe_workspace: bool = False,
         n_seq_max: int = 1,
+        kv_unified: bool = False,
         ctx_checkpoints: int = _ckpt.DEFAULT_CTX_CHECKPOINTS,
         checkpoint_every: int = _ckpt.DEFAULT_CHECKPOINT_EVERY,
         ctx_checkpoints_bytes: int = _ckpt.DEFAULT_CHECKPOINT_BYTES,
@@ -196,6 +198,8 @@ class Llama(llama_cpp.Llama):
         if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, int) or n_seq_max < 1:
             raise ValueError(f"n_seq_max must be an integer >= 1, got {n_seq_max!r}")
         model_fields, context_fields = {}, {"n_seq_max": n_seq_max}
+        if kv_unified:  # llama.cpp's -kvu: every sequence may use the whole context
+            context_fields["kv_unified"] = True
         self._device_list = None
         self._rpc = _rpc.connect(rpc_servers)  # ValueError for a bad or unreachable server
         local = None
