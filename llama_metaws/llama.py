@@ -46,6 +46,7 @@ from .engine import devices as _devices
 from .native.binding import _internals, llama_cpp
 from .engine import checkpoints as _ckpt
 from .engine import rpc as _rpc
+from .engine import sampling as _sampling
 from .guard import RequestGuard
 from .engine.contexts import split_mode_value
 from .engine.gguf_meta import check_complete, read_keys
@@ -128,7 +129,8 @@ class Llama(llama_cpp.Llama):
 
     See the module docstring for the new keyword arguments; every other argument is
     ``llama_cpp.Llama``'s. Extra attributes: :attr:`draft_stats`, :meth:`workspace_stats`,
-    :meth:`timings`.
+    :meth:`timings`, :meth:`check_grammar`. Sampling goes through
+    :mod:`~llama_metaws.engine.sampling`: what llama.cpp throws fails the request, not the process.
 
     Thread safety: one instance may be used from several threads, its requests are serialized
     by a per-instance :class:`RequestGuard` held by :meth:`generate` (from its first ``next``
@@ -360,6 +362,21 @@ class Llama(llama_cpp.Llama):
                 self._ctx.get_logits(), shape=(n, self._n_vocab))
         self.n_tokens += n
         self._mtp.target_decoded(chunk, n_past)
+
+    def check_grammar(self, grammar: str, root: str = "root") -> None:
+        """Parse a GBNF grammar against this model's vocabulary, as llama.cpp will when it samples
+        with it; :class:`~llama_metaws.errors.GrammarError` (a ``ValueError``) with llama.cpp's
+        parse message when it cannot. Safe from any thread: it reads the vocabulary only."""
+        _sampling.check_grammar(grammar, self._model.vocab, root)
+
+    def _init_sampler(self, *args, grammar=None, **kwargs):
+        """The binding's sampler chain, whose sample and accept cannot end the process
+        (:class:`~llama_metaws.engine.sampling.CheckedSampler`: a grammar that no token can
+        continue is a ``GrammarError`` for that request). A grammar is parsed first: llama.cpp
+        returns NULL for one that does not parse, which the binding would add to the chain."""
+        if grammar is not None:
+            self.check_grammar(grammar._grammar, grammar._root)
+        return _sampling.CheckedSampler.adopt(super()._init_sampler(*args, grammar=grammar, **kwargs))
 
     def checkpoint_stats(self) -> dict:
         """Prompt reuse: :meth:`llama_metaws.engine.checkpoints.PromptReuse.stats`."""
