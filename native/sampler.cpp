@@ -7,6 +7,8 @@
 // token of the vocabulary: llama_grammar_apply_impl sets every candidate's logit to -inf, the
 // selecting sampler (greedy, dist) still selects one, and llama_sampler_sample accepts it
 // unchecked. These calls do the same steps with the checks in between, and catch what is thrown.
+// They sample on the CPU from the context's logits row: a context whose backend samplers already
+// chose a token (llama_get_sampled_token_ith) is not what they handle; the binding sets none.
 //
 // A grammar that does not parse makes llama_sampler_init_grammar return NULL (the binding adds
 // that NULL to its chain: a segfault later) and prints the reason on stderr or through llama's
@@ -31,29 +33,42 @@ int fail(int status, const std::string & msg) {
 //
 // The parser's exception text goes to C's stderr (llama_grammar_parser::parse), the other
 // refusals (no root symbol, left recursion) through llama's log. Both are process-wide, so one
-// check captures them at a time; the log callback in place is called too, so nothing is lost.
+// check captures them at a time (g_check_mutex); the log callback in place is called too, so
+// nothing is lost. What the capture touches is static, not on a check's stack: another thread
+// that read the callback, or the stream, during a check may still use it just after.
 
-std::mutex g_capture_mutex;
+std::mutex g_check_mutex;
 
 struct log_capture {
-    ggml_log_callback previous;
-    void *            previous_data;
+    std::mutex        mutex;  // a late call from another thread may come while the next check reads
+    ggml_log_callback previous      = nullptr;
+    void *            previous_data = nullptr;
     std::string       errors;
 };
 
+log_capture g_log;
+
 void capture_log(enum ggml_log_level level, const char * text, void * user_data) {
     auto * cap = static_cast<log_capture *>(user_data);
-    if (level == GGML_LOG_LEVEL_ERROR && text != nullptr) {
-        cap->errors += text;
+    ggml_log_callback previous;
+    void *            previous_data;
+    {
+        std::lock_guard<std::mutex> lock(cap->mutex);
+        if (level == GGML_LOG_LEVEL_ERROR && text != nullptr) {
+            cap->errors += text;
+        }
+        previous      = cap->previous;
+        previous_data = cap->previous_data;
     }
-    if (cap->previous != nullptr) {
-        cap->previous(level, text, cap->previous_data);
+    if (previous != nullptr) {
+        previous(level, text, previous_data);
     }
 }
 
 #if defined(__GLIBC__)
 // glibc's stderr is an assignable FILE *; the capture stream is opened once and never closed,
-// so a thread that read the pointer during a check never writes into a freed stream
+// and read under its own lock, so a thread that took the pointer during a check and writes late
+// neither writes into a freed stream nor moves its buffer while it is read
 FILE * g_stderr_capture      = nullptr;
 char * g_stderr_capture_buf  = nullptr;
 size_t g_stderr_capture_size = 0;
@@ -123,11 +138,14 @@ extern "C" int lmws_grammar_check(const struct llama_vocab * vocab, const char *
     if (grammar[0] == '\0') {
         return fail(LMWS_EGRAMMAR, "the grammar is empty");
     }
-    std::lock_guard<std::mutex> lock(g_capture_mutex);
+    std::lock_guard<std::mutex> check(g_check_mutex);
 
-    log_capture cap = {};
-    llama_log_get(&cap.previous, &cap.previous_data);
-    llama_log_set(capture_log, &cap);
+    {
+        std::lock_guard<std::mutex> lock(g_log.mutex);
+        g_log.errors.clear();
+        llama_log_get(&g_log.previous, &g_log.previous_data);
+    }
+    llama_log_set(capture_log, &g_log);
 #if defined(__GLIBC__)
     if (g_stderr_capture == nullptr) {
         g_stderr_capture = open_memstream(&g_stderr_capture_buf, &g_stderr_capture_size);
@@ -151,11 +169,18 @@ extern "C" int lmws_grammar_check(const struct llama_vocab * vocab, const char *
 #if defined(__GLIBC__)
     if (g_stderr_capture != nullptr) {
         stderr = real_stderr;
+        flockfile(g_stderr_capture);
         fflush(g_stderr_capture);
         printed.assign(g_stderr_capture_buf, g_stderr_capture_size);
+        funlockfile(g_stderr_capture);
     }
 #endif
-    llama_log_set(cap.previous, cap.previous_data);
+    llama_log_set(g_log.previous, g_log.previous_data);
+    std::string logged;
+    {
+        std::lock_guard<std::mutex> lock(g_log.mutex);
+        logged.swap(g_log.errors);
+    }
 
     if (smpl != nullptr) {
         llama_sampler_free(smpl);
@@ -163,7 +188,7 @@ extern "C" int lmws_grammar_check(const struct llama_vocab * vocab, const char *
     }
     std::string why = !thrown.empty() ? thrown : parse_message(printed);
     if (why.empty()) {
-        why = trim(cap.errors);
+        why = trim(logged);
     }
     if (why.empty()) {
         why = "llama.cpp refused it (see its log)";

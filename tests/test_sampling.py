@@ -200,3 +200,35 @@ def test_a_grammar_under_mtp_drafting_and_tensor_split_gives_the_undrafted_outpu
     assert outs[0] == outs[1], outs
     value = json.loads(outs[0])
     assert set(value) == {"a", "b"}
+
+
+def test_grammar_checks_from_many_threads_each_get_their_own_message(tiny_model):
+    """The parse message is captured from llama.cpp's stderr and log, which the process shares:
+    one check at a time, each answered with its own grammar's error."""
+    import threading
+
+    from llama_metaws import Llama
+    from llama_metaws.engine import sampling
+
+    cases = {'root ::= x{}'.replace("{}", str(i)): f"Undefined rule identifier 'x{i}'" for i in range(8)}
+    cases['root ::= "a"\nroot ::= root "b"'] = "left recursion"
+    cases['start ::= "a"'] = "does not contain a 'root' symbol"
+    wrong = []
+    with Llama(str(tiny_model), n_ctx=128, verbose=False) as llm:
+        def run():
+            for _ in range(5):
+                for text, expected in cases.items():
+                    try:
+                        llm.check_grammar(text)
+                        wrong.append((text, "no error"))
+                    except sampling.GrammarError as e:
+                        if expected not in str(e):
+                            wrong.append((text, str(e)))
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        llm.check_grammar('root ::= "ok"')  # and a good one still parses
+    assert not wrong, wrong[:5]
