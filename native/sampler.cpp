@@ -94,13 +94,22 @@ std::string parse_message(const std::string & printed) {
     return trim(printed.substr(start, end == std::string::npos ? std::string::npos : end - start));
 }
 
+// a sampler's name; llama_sampler_name calls iface->name unchecked, and the binding's Python
+// samplers (logits processors) leave it NULL
+const char * name_of(const struct llama_sampler * smpl) {
+    if (smpl == nullptr || smpl->iface == nullptr || smpl->iface->name == nullptr) {
+        return nullptr;
+    }
+    return smpl->iface->name(smpl);
+}
+
 bool is_grammar(const struct llama_sampler * smpl) {
-    const char * name = llama_sampler_name(smpl);
+    const char * name = name_of(smpl);
     return name != nullptr && std::strcmp(name, "grammar") == 0;
 }
 
 bool is_chain(const struct llama_sampler * smpl) {
-    const char * name = llama_sampler_name(smpl);
+    const char * name = name_of(smpl);
     return name != nullptr && std::strcmp(name, "chain") == 0;
 }
 

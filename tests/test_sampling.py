@@ -90,7 +90,10 @@ def test_accept_refuses_what_the_grammar_does_not_allow(tiny_model):
         from llama_metaws.native.binding import llama_cpp
 
         llm = Llama(sys.argv[1], n_ctx=128, verbose=False)
-        chain = llm._init_sampler(temp=0.0, grammar=llama_cpp.LlamaGrammar.from_string('root ::= "1" "2"', verbose=False))
+        # with a logits processor in the chain too: the binding's Python sampler has no name
+        # function, which llama_sampler_name would call
+        chain = llm._init_sampler(temp=0.0, grammar=llama_cpp.LlamaGrammar.from_string('root ::= "1" "2"', verbose=False),
+                                  logits_processor=llama_cpp.LogitsProcessorList([lambda ids, scores: scores]))
         for token in (int(sys.argv[2]), 5, 1):
             try:
                 chain.accept(token)
