@@ -380,7 +380,13 @@ class Llama(llama_cpp.Llama):
         returns NULL for one that does not parse, which the binding would add to the chain."""
         if grammar is not None:
             self.check_grammar(grammar._grammar, grammar._root)
-        return _sampling.CheckedSampler.adopt(super()._init_sampler(*args, grammar=grammar, **kwargs))
+        previous = getattr(self, "_sampler", None)
+        chain = _sampling.CheckedSampler.adopt(super()._init_sampler(*args, grammar=grammar, **kwargs))
+        if previous is not None and previous is not chain:
+            # the last request's chain, freed now: the binding's sampler is a reference cycle, and
+            # a collector that finalizes it deep in some recursion fails to free it
+            previous.close()
+        return chain
 
     def checkpoint_stats(self) -> dict:
         """Prompt reuse: :meth:`llama_metaws.engine.checkpoints.PromptReuse.stats`."""
