@@ -55,7 +55,7 @@ def _value(rng, depth=0):
     if kind == 3:
         return rng.uniform(-1e9, 1e9)
     if kind == 4:
-        return "".join(rng.choice("aé\u0000\ud7ff{}<>\"\\ \n") for _ in range(rng.randrange(40)))
+        return "".join(rng.choice("aé\u0000\ud7ff\ud800\udfff{}<>\"\\ \n") for _ in range(rng.randrange(40)))
     if kind == 5:
         return rng.choice([0, -1, 1, 2**31, -2**31, 2**63, 1e308, ""])
     if kind == 6:

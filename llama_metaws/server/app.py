@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import time
 from typing import Callable, Optional
 
@@ -51,8 +52,33 @@ def dialect_of(path: str) -> str:
     return LLAMA if path in _LLAMA_PATHS or path.startswith("/slots/") else OPENAI
 
 
+def _finite(value):
+    """``value`` with every NaN or infinite float as null: JSON has no such numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def dumps(value) -> str:
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere (a logprob of -inf, ...)
+        return json.dumps(_finite(value), allow_nan=False)
+
+
+class JSON(JSONResponse):
+    """A JSON answer that holds no NaN or infinity (null instead)."""
+
+    def render(self, content) -> bytes:
+        return dumps(content).encode("utf-8")
+
+
 def _error_response(e: RequestError, dialect: str) -> JSONResponse:
-    return JSONResponse(e.body(dialect), status_code=e.status, headers=e.headers)
+    return JSON(e.body(dialect), status_code=e.status, headers=e.headers)
 
 
 class CORS:
@@ -159,26 +185,26 @@ def create_app(worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: 
         if kind == "error":
             raise from_model_error(value, plan.prompt_param, plan.grammar_param)
         if not plan.stream:
-            return JSONResponse(responder.response(value, job))
+            return JSON(responder.response(value, job))
         return StreamingResponse(_events(job, (kind, value), plan, responder), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def _events(job: Job, first, plan, responder):
         try:
             for event in responder.first(job):
-                yield f"data: {json.dumps(event)}\n\n"
+                yield f"data: {dumps(event)}\n\n"
             kind, value = first
             while True:
                 if kind == "chunk":
                     for event in responder.events(value, job):
-                        yield f"data: {json.dumps(event)}\n\n"
+                        yield f"data: {dumps(event)}\n\n"
                 elif kind == "done":
                     for line in responder.end():
                         yield line
                     return
                 else:
                     error = from_model_error(value, plan.prompt_param, plan.grammar_param)
-                    yield f"data: {json.dumps(error.body(responder.dialect))}\n\n"
+                    yield f"data: {dumps(error.body(responder.dialect))}\n\n"
                     return
                 kind, value = await job.items.get()
         finally:
@@ -196,27 +222,27 @@ def create_app(worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: 
         plan, options = await check(llama_api.completion, await body_of(request), model)
         responder = llama_api.Responder(plan, options, model)
         if options.n_predict_zero:
-            return JSONResponse(responder.zero())
+            return JSON(responder.zero())
         return await run(request, plan, responder)
 
     def native(fn):
         async def route(request: Request):
-            return JSONResponse(await check(fn, await body_of(request), model))
+            return JSON(await check(fn, await body_of(request), model))
         return route
 
     async def models(request: Request):
         authorize(request)
-        return JSONResponse({"object": "list", "data": [
+        return JSON({"object": "list", "data": [
             {"id": model.alias, "object": "model", "created": created, "owned_by": "llama-metaws"}]})
 
     async def health(request: Request):
         if worker.unavailable is not None:
             raise unavailable(worker.unavailable)
-        return JSONResponse({"status": "ok"})
+        return JSON({"status": "ok"})
 
     async def props(request: Request):
         authorize(request)
-        return JSONResponse(llama_api.props(model, total_slots=1, slots_endpoint=slots, metrics=metrics,
+        return JSON(llama_api.props(model, total_slots=1, slots_endpoint=slots, metrics=metrics,
                                             model_path=model_path, build_info=build_info))
 
     async def slots_route(request: Request):
@@ -227,7 +253,7 @@ def create_app(worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: 
         states = [dict(s, n_ctx=model.n_ctx) for s in worker.slots()]
         if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in states):
             raise RequestError(503, "no slot available", type="server_error", code="no_slot_available")
-        return JSONResponse(states)
+        return JSON(states)
 
     async def slot_action(request: Request):
         authorize(request)

@@ -122,6 +122,8 @@ class Options:
         self.return_progress = bool(body.get("return_progress"))
         self.timings_per_token = bool(body.get("timings_per_token"))
         self.response_fields = body.get("response_fields") or []
+        if not isinstance(self.response_fields, list) or not all(isinstance(f, str) for f in self.response_fields):
+            raise _bad("response_fields", "a list of field names is expected")
         self.n_predict_zero = False
         self.n_prompt = n_prompt
         self.prompt_text = prompt_text

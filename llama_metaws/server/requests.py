@@ -37,15 +37,47 @@ OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata",
 TokenKey = Tuple[bytes, bool, bool]  # what the binding passes to Llama.tokenize: text, add_bos, special
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is out of a double's range")
+    return value
+
+
 def parse_json(raw: bytes) -> dict:
-    """The body as a JSON object, or a 400."""
+    """The body as a JSON object, or a 400 (as RFC 8259 has it: no NaN or Infinity, no number out
+    of a double's range; no lone UTF-16 surrogate in a string)."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise RequestError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object", code="invalid_json")
+    _check_unicode(body)
     return body
+
+
+def _check_unicode(body) -> None:
+    """JSON's ``\\ud800`` escapes may leave a lone UTF-16 surrogate in a string, which no UTF-8
+    text (a prompt, a stop string, a grammar) can hold: a 400 here, not a failure later."""
+    todo = [body]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, list):
+            todo.extend(value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise RequestError(400, f"the request body is not valid Unicode: a string holds a lone surrogate "
+                                   f"({value[e.start]!r})", code="invalid_json") from None
 
 
 class ModelAccess:
@@ -341,12 +373,9 @@ def _forced_tool(model: ModelAccess, body: dict) -> Optional[str]:
                            code="invalid_value")
     params = tool["function"].get("parameters")
     if params is not None:
-        try:
-            model.schema_grammar(params, "tool_choice")
-        except RequestError as e:
-            if e.code == "invalid_grammar":
-                raise
-            # the binding falls back to any JSON for a schema it cannot convert: so do we
+        # refused when the binding cannot convert it (it would fall back to any JSON, after
+        # recursing as deep as Python lets it on the model's thread)
+        model.schema_grammar(params, "tool_choice")
     return "tool_choice"
 
 
