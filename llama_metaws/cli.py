@@ -289,10 +289,11 @@ def make_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_cmd_generate)
 
     sv = sub.add_parser("serve", allow_abbrev=False,
-                        help="an OpenAI-compatible server on the patched Llama (llama-server's flags)",
-                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and "
-                        "(--metrics) /metrics with the patched Llama, configured by llama-server's flags, "
-                        "e.g. -m MODEL --device CPU,CPU -sm tensor --spec-type draft-mtp "
+                        help="OpenAI's API and llama-server's on the patched Llama (llama-server's flags)",
+                        description="Serve OpenAI's /v1/completions, /v1/chat/completions, /v1/models and "
+                        "llama-server's /completion, /tokenize, /detokenize, /apply-template, /props, /slots, "
+                        "/health and (--metrics) /metrics with the patched Llama, configured by llama-server's "
+                        "flags, e.g. -m MODEL --device CPU,CPU -sm tensor --spec-type draft-mtp "
                         "--phase-aware-workspace --port 8080. One request runs at a time (-np sizes the "
                         "contexts); others wait, up to --queue-size. Needs the server extra.")
     flags.add_model_flags(sv)

@@ -25,8 +25,8 @@ New keyword arguments (llama.cpp's option names):
   ``tensor_split``; the binding's ``offload_kqv=False`` (``-nkvo``) under tensor split keeps
   the KV caches in host memory, each device on its own heads (CPU devices; else a ValueError);
 - ``n_seq_max`` (llama.cpp's ``-np``): the engine's slots, requests served at once;
-  ``kv_unified`` (``-kvu``): one KV pool for all slots (each up to ``n_ctx``) instead of
-  ``n_ctx / n_seq_max`` each;
+  ``kv_unified=True`` (``-kvu``): one KV buffer for all of them, each may use the whole context
+  (else each has ``n_ctx / n_seq_max``);
 - ``phase_aware_workspace=True`` and ``workspace_mode`` (``"alias"``, ``"private-meta"``,
   ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash);
 - prompt reuse of a recurrent or hybrid target (:mod:`llama_metaws.engine.checkpoints`):
@@ -50,6 +50,7 @@ from .engine import checkpoints as _ckpt
 from .engine import contexts as _contexts
 from .engine import devices as _devices
 from .engine import rpc as _rpc
+from .engine import sampling as _sampling
 from .engine.contexts import split_mode_value
 from .engine.core import Engine
 from .engine.drafting import AdaptiveLength
@@ -58,6 +59,7 @@ from .engine.request import DraftStats, Request, timings_of
 from .engine.samplers import SamplingParams
 from .engine.workspace import MODES as WORKSPACE_MODES
 from .engine.workspace import Workspace
+from .errors import GrammarError
 from .native.binding import _internals, llama_cpp
 from .native.params import check_fields, set_fields
 
@@ -444,11 +446,30 @@ class Llama(llama_cpp.Llama):
             cur = self._candidates
             cur.copy_logits(np.asarray(row, dtype=np.single))
             llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(cur.candidates))
-            token = int(cur.candidates.data[cur.candidates.selected].id)
-            llama_cpp.llama_sampler_accept(sampler.sampler, token)
+            selected = int(cur.candidates.selected)
+            if not 0 <= selected < int(cur.candidates.size) or \
+                    not np.isfinite(cur.candidates.data[selected].logit):
+                raise GrammarError("no token is left to sample: the grammar (or a bias) rules out every one")
+            token = int(cur.candidates.data[selected].id)
+            _sampling.accept(sampler.sampler, token)  # what llama.cpp throws is an exception here
             return token
         finally:
             sampler.close()
+
+    def check_grammar(self, grammar: str, root: str = "root") -> None:
+        """Parse a GBNF grammar against this model's vocabulary, as llama.cpp will when it samples
+        with it; :class:`~llama_metaws.errors.GrammarError` (a ``ValueError``) with llama.cpp's
+        parse message when it cannot. Safe from any thread: it reads the vocabulary only."""
+        _sampling.check_grammar(grammar, self._model.vocab, root)
+
+    def _init_sampler(self, *args, grammar=None, **kwargs):
+        """The binding's sampler chain (for the low-level :meth:`sample`), whose sample and accept
+        cannot end the process (:class:`~llama_metaws.engine.sampling.CheckedSampler`); a grammar
+        is parsed first: llama.cpp returns NULL for one that does not parse, which the binding
+        would add to the chain."""
+        if grammar is not None:
+            self.check_grammar(grammar._grammar, grammar._root)
+        return _sampling.CheckedSampler.adopt(super()._init_sampler(*args, grammar=grammar, **kwargs))
 
     def save_state(self) -> "llama_cpp.LlamaState":
         """The binding's state of slot 0 (the whole context); with drafting, the draft context's too."""

@@ -1,7 +1,7 @@
 """The one builder of the cffi shim (API mode).
 
 The declarations cffi sees are the small headers in ``decl/``, read in ``DECLS`` order; the C
-side is ``shim.c`` compiled against the patched llama.cpp headers and linked to the patched
+side is ``shim.c`` (and ``rpc.c``, ``breakdown.cpp``, ``sampler.cpp``) compiled against the patched llama.cpp headers and linked to the patched
 libraries of one build directory (rpath set to it, so the extension resolves to the very
 copies the binding loads through ``LLAMA_CPP_LIB_PATH``). ``llama_metaws.native.build`` calls
 ``compile_shim``; ``llama_metaws.native.shim`` imports the result.
@@ -25,7 +25,9 @@ def make_ffi(include_dir: Path, lib_dir: Path, sanitize: tuple = ()) -> cffi.FFI
     ffi.set_source(
         MODULE_NAME,
         '#include "shim.h"\n',
-        sources=[str(HERE / "shim.c"), str(HERE / "rpc.c"), str(HERE / "breakdown.cpp")],  # the C++ side: llama-ext.h calls
+        sources=[str(HERE / "shim.c"), str(HERE / "rpc.c"),
+                 # the C++ side: llama-ext.h calls; sampling that catches what llama.cpp throws
+                 str(HERE / "breakdown.cpp"), str(HERE / "sampler.cpp")],
         include_dirs=[str(HERE), str(include_dir)],
         library_dirs=[str(lib_dir)],
         libraries=["llama", "ggml", "ggml-base", "stdc++"],

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from llama_metaws.errors import GrammarError
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bad-inputs.md"
 KW = dict(n_ctx=128, n_batch=32, n_ubatch=32, verbose=False)
 
@@ -37,6 +39,15 @@ def _llama(env, path=None, **kw):
     from llama_metaws import Llama
 
     return Llama(path or env.mtp, **{**KW, **kw}).close()
+
+
+def _complete_with_grammar(env, text):
+    from llama_metaws import Llama
+    from llama_metaws.native.binding import llama_cpp
+
+    with Llama(env.plain, **KW) as llm:
+        llm.create_completion("0 1", max_tokens=4, temperature=0,
+                              grammar=llama_cpp.LlamaGrammar.from_string(text, verbose=False))
 
 
 def _contexts(env):
@@ -188,6 +199,13 @@ CASES = [
         e.tmp / "x.gguf", agreement=2.0), ValueError, r"agreement must be"),
     ("repro.run_case('cuda', 'alias')", lambda e: __import__("llama_metaws.tools.repro", fromlist=["x"]).run_case(
         "cuda", "alias"), ValueError, r"unknown case"),
+    ("Llama.create_completion(grammar='root ::= (') (a grammar that does not parse)",
+     lambda e: _complete_with_grammar(e, "root ::= ("), GrammarError, r"the grammar is not valid: expecting '\)'"),
+    ("Llama.create_completion(grammar=...) that no token of the vocabulary can continue",
+     lambda e: _complete_with_grammar(e, 'root ::= "{"'), GrammarError, r"no token can be sampled"),
+    ("engine.sampling.check_grammar('root ::= ' + '(' * 20000 + ...) (nested deeper than llama.cpp's stack allows)",
+     lambda e: __import__("llama_metaws.engine.sampling", fromlist=["x"]).check_grammar(
+         "root ::= " + "(" * 20000 + '"a"' + ")" * 20000), GrammarError, r"nests groups 20000 deep"),
     ("llama-metaws generate --draft-pmin 0.5 (an unknown flag)", _cli_unknown_flag, SystemExit,
      r"exit status 2: .*unrecognized arguments: --draft-pmin"),
 ]

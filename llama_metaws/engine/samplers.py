@@ -16,16 +16,14 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..errors import GrammarError
 from ..native.binding import _internals, llama_cpp
+from . import sampling as _sampling
 
 __all__ = ["SamplingParams", "SlotSampler", "GrammarError"]
 
 #: the binding's default for penalty_last_n (llama_cpp.Llama's last_n_tokens_size)
 PENALTY_LAST_N = 64
-
-
-class GrammarError(ValueError):
-    """llama.cpp could not parse the request's grammar."""
 
 
 @dataclasses.dataclass
@@ -101,12 +99,14 @@ class SlotSampler:
 
     def sample(self, ctx, idx: int) -> int:
         """Sample the output row of batch index ``idx`` of ``ctx`` (a ``llama_context_p``) and
-        accept the token into the chain (grammar, penalties, mirostat state)."""
-        return int(llama_cpp.llama_sampler_sample(self._chain.sampler, ctx, idx))
+        accept the token into the chain (grammar, penalties, mirostat state). What llama.cpp
+        throws, or a grammar that rules out every token, is an exception for this request
+        (:mod:`.sampling`), never the end of the process."""
+        return _sampling.sample(self._chain.sampler, ctx, idx)
 
     def accept(self, token: int) -> None:
         """Tell the chain a token was taken without sampling it (a token the caller sent)."""
-        llama_cpp.llama_sampler_accept(self._chain.sampler, int(token))
+        _sampling.accept(self._chain.sampler, int(token))
 
     def close(self) -> None:
         if self._chain is not None:
@@ -119,6 +119,7 @@ def _add_grammar(chain, model, grammar) -> None:
     root = getattr(grammar, "_root", "root")
     if not isinstance(text, str):
         raise GrammarError(f"not a grammar: {grammar!r}")
+    _sampling.check_grammar(text, model.vocab, root)  # llama.cpp's parse message, as an exception
     sampler = llama_cpp.llama_sampler_init_grammar(model.vocab, text.encode("utf-8"), root.encode("utf-8"))
     if not sampler:  # llama.cpp logs the parse error; a NULL in the chain would crash it
         raise GrammarError("llama.cpp could not parse the grammar (its log says where)")

@@ -9,24 +9,51 @@ Ending a request early is a flag, never a lock: the HTTP side marks the job canc
 went away, a stream was dropped) and the server's shutdown marks every job cancelled; the model
 sees it after the next sampled token (a stopping criterion of every generation, see
 :class:`ServedLlama`), the worker closes the generator there and then, and goes on with the next
-job. Requests that wait are counted: past ``queue_size`` a new one is refused with a 503 at once.
+job. Requests that wait are counted: past ``queue_size`` a new one is refused with a 503 at once; a
+waiting request cancelled by its client stops counting at once (:meth:`ModelWorker.cancel`).
+
+What the HTTP side needs from the worker (the request layer depends on nothing else of it, so a
+worker over another scheduler keeps these): :meth:`ModelWorker.submit` and
+:meth:`ModelWorker.cancel` of a :class:`Job`, whose ``items`` carry ``("chunk", piece)`` (``piece``:
+the binding's chunk, the ids of the tokens sampled since the last one, the job's figures),
+``("done", response)`` and ``("error", exception)``, and whose ``token_ids``, ``n_decoded``,
+``t_started``, ``t_first`` and ``progress`` tell how it went; ``processing`` and ``deferred``
+(metrics); :meth:`ModelWorker.slots` (GET /slots, llama-server's fields); ``unavailable`` (why the
+model cannot serve any more, or None: /health answers 503); ``counters``; ``stop`` / ``close``;
+and ``llm``, whose public calls the request layer uses from other threads. A job's prompt comes
+tokenized (``Job.tokens``): the model's ``tokenize`` answers from there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
-from typing import Any, Callable, List, Optional
+import time
+from typing import Any, Callable, Dict, List, Optional
 
+from ..engine.rpc import RPCServerError
 from ..llama import Llama
-from .errors import Cancelled, RequestError, shutting_down
+from .errors import Cancelled, RequestError, shutting_down, unavailable
 
 
 class ServedLlama(Llama):
-    """Our ``Llama`` whose every completion also stops when :attr:`request_check` says so."""
+    """Our ``Llama`` whose every completion also stops when :attr:`request_check` says so, records
+    the tokens it samples in :attr:`sampled`, and whose ``tokenize`` answers from
+    :attr:`pretokenized` (the job's prompt, tokenized off this thread)."""
 
     request_check: Optional[Callable[[], bool]] = None  # set by the worker around each job
+    sampled: Optional[List[int]] = None                 # the job's token ids, appended as sampled
+    pretokenized: Optional[Dict[tuple, List[int]]] = None  # (text, add_bos, special) -> tokens
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> List[int]:
+        known = self.pretokenized
+        if known is not None:
+            tokens = known.get((bytes(text), bool(add_bos), bool(special)))
+            if tokens is not None:
+                return list(tokens)
+        return super().tokenize(text, add_bos, special)
 
     def _create_completion(self, *args, stopping_criteria=None, **kwargs):
         check = self.request_check
@@ -37,19 +64,58 @@ class ServedLlama(Llama):
             if stopping_criteria:
                 ours.extend(stopping_criteria)
             stopping_criteria = ours
-        return super()._create_completion(*args, stopping_criteria=stopping_criteria, **kwargs)
+        inner = super()._create_completion(*args, stopping_criteria=stopping_criteria, **kwargs)
+        return inner if self.sampled is None else self._recorded(inner, self.sampled)
+
+    def _began(self, request) -> None:
+        super()._began(request)
+        self._request = request
+
+    def _recorded(self, inner, sink: List[int]):
+        """``inner``'s items; before each, the engine request's new token ids appended to ``sink``."""
+        try:
+            for item in inner:
+                self._sync(sink)
+                yield item
+            self._sync(sink)
+        finally:
+            inner.close()
+
+    def _sync(self, sink: List[int]) -> None:
+        r = getattr(self, "_request", None)
+        if r is not None:
+            sink.extend(r.generated[len(sink):])
 
 
 class Job:
-    """One request: ``run(llm)`` gives a response, or an iterator of chunks when ``stream``."""
+    """One request: ``run(llm)`` gives a response, or an iterator of chunks when ``stream``.
 
-    def __init__(self, run: Callable[[Any], Any], stream: bool, loop: asyncio.AbstractEventLoop):
+    ``tokens``: its prompt, tokenized by the request layer; ``n_prompt``: its length; ``info``:
+    what GET /slots shows as its parameters; ``n_predict``: its token budget (None: unbounded)."""
+
+    def __init__(self, run: Callable[[Any], Any], stream: bool, loop: asyncio.AbstractEventLoop, *,
+                 tokens: Optional[Dict[tuple, List[int]]] = None, n_prompt: Optional[int] = None,
+                 info: Optional[dict] = None, n_predict: Optional[int] = None):
         self.run = run
         self.stream = stream
         self.loop = loop
-        self.items: asyncio.Queue = asyncio.Queue()  # ("chunk", c) ... ("done", response) | ("error", e)
+        self.items: asyncio.Queue = asyncio.Queue()  # ("chunk", piece) ... ("done", response) | ("error", e)
         self.cancelled: Optional[str] = None         # "client" | "shutdown"; a plain attribute
         self.sampled = False                        # the model sampled a token for this job
+        self.tokens = tokens or {}
+        self.n_prompt = n_prompt
+        self.info = info or {}
+        self.n_predict = n_predict
+        self.id = -1                                # the task id, given by submit
+        self.state = "new"                          # new | waiting | dropped | running | ended
+        self.token_ids: List[int] = []               # every token sampled, in order
+        self.t_submitted = self.t_started = self.t_first = None
+        self.progress: Optional[dict] = None         # the prompt's figures, once its first token came
+        self.has_new_line = False
+
+    @property
+    def n_decoded(self) -> int:
+        return len(self.token_ids)
 
     def cancel(self, reason: str = "client") -> None:
         if self.cancelled is None:
@@ -116,6 +182,9 @@ class ModelWorker:
         self.queue_size = queue_size
         self.counters = Counters()
         self.stopping = False
+        self.unavailable: Optional[str] = None  # why the model cannot serve any more (a lost RPC server)
+        self._ids = itertools.count()
+        self._last: Optional[Job] = None
         self._jobs: "queue.Queue[Optional[Job]]" = queue.Queue()
         self._lock = threading.Lock()
         self._waiting = 0
@@ -135,16 +204,44 @@ class ModelWorker:
         return self._waiting
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or refuse it (503) when the server stops or the queue is full."""
+        """Queue a job, or refuse it (503) when the server stops, cannot serve, or the queue is full."""
         with self._lock:
             if self.stopping:
                 raise shutting_down()
+            if self.unavailable is not None:
+                raise unavailable(self.unavailable)
             if (self._running is not None or self._waiting) and self._waiting >= self.queue_size:
                 raise RequestError(503, f"the server is busy: one request runs and {self._waiting} wait "
                                    f"(--queue-size {self.queue_size}); retry later", type="server_error",
                                    code="server_busy", headers={"Retry-After": "1"})
             self._waiting += 1
+            job.state = "waiting"
+            job.id = next(self._ids)
+            job.t_submitted = time.perf_counter()
         self._jobs.put(job)
+
+    def cancel(self, job: Job, reason: str = "client") -> None:
+        """Cancel a job: a waiting one gives its place in the queue back at once, a running one
+        stops after its next token."""
+        job.cancel(reason)
+        with self._lock:
+            if job.state == "waiting":
+                job.state = "dropped"
+                self._waiting -= 1
+
+    def slots(self) -> List[dict]:
+        """GET /slots in llama-server's fields (but ``n_ctx``, the request layer's): one slot, as one
+        request runs at a time here."""
+        job = self._running or self._last
+        slot = {"id": 0, "speculative": self.llm.draft_model is not None, "is_processing": self._running is not None}
+        if job is not None:
+            remain = -1 if job.n_predict is None else max(job.n_predict - job.n_decoded, 0)
+            slot.update({
+                "id_task": job.id, "n_prompt_tokens": job.n_prompt, "params": dict(job.info),
+                "next_token": [{"has_next_token": job.state == "running", "has_new_line": job.has_new_line,
+                                "n_remain": remain, "n_decoded": job.n_decoded}],
+            })
+        return [slot]
 
     def stop(self) -> None:
         """Cancel the running job and every waiting one; refuse new ones. Only sets flags, so a
@@ -169,14 +266,23 @@ class ModelWorker:
             if job is None:
                 return
             with self._lock:
+                if job.state == "dropped":  # cancelled while it waited: its place is given back
+                    job.state = "ended"
+                    job.put("error", Cancelled(job.cancelled or "client"))
+                    continue
                 self._waiting -= 1
-                self._running = job
+                self._running = self._last = job
+                job.state = "running"
             try:
                 self._run(job)
             except BaseException as e:  # noqa: BLE001 - never lose the thread, always answer
+                if isinstance(e, RPCServerError):  # the model's memory is gone with the server
+                    self.unavailable = str(e)
                 self._end(job, "error", e)
             finally:
+                job.state = "ended"
                 self.llm.request_check = None
+                self.llm.sampled = self.llm.pretokenized = None
                 with self._lock:
                     if self._running is job:
                         self._running = None
@@ -191,10 +297,29 @@ class ModelWorker:
 
     def _check(self, job: Job) -> bool:
         """The stopping criterion of the job's generation: True stops it."""
-        job.sampled = True
+        if not job.sampled:  # the first token: the prompt is done
+            job.sampled = True
+            job.t_first = time.perf_counter()
+            counts = getattr(self.llm, "_request_counts", None)  # [kept, evaluated] of this prompt
+            cache = counts[0] if counts and counts[0] is not None else 0
+            total = job.n_prompt if job.n_prompt is not None else cache + (counts[1] if counts else 0)
+            job.progress = {"total": total, "cache": cache, "processed": total,
+                            "time_ms": (job.t_first - job.t_started) * 1e3}
         if self.stopping:
             job.cancel("shutdown")
         return job.cancelled is not None
+
+    def _piece(self, job: Job, chunk, sent: int) -> dict:
+        """A stream's item: the binding's chunk, the tokens sampled since the last one, figures."""
+        try:
+            choice = chunk["choices"][0]
+            text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+        except (KeyError, IndexError, TypeError, AttributeError):
+            text = ""
+        if "\n" in text:
+            job.has_new_line = True
+        return {"chunk": chunk, "tokens": job.token_ids[sent:], "n_decoded": job.n_decoded,
+                "t_started": job.t_started, "t_first": job.t_first, "t": time.perf_counter()}
 
     def _run(self, job: Job) -> None:
         if self.stopping:
@@ -202,7 +327,9 @@ class ModelWorker:
         if job.cancelled:
             self._end(job, "error", Cancelled(job.cancelled))
             return
+        job.t_started = time.perf_counter()
         self.llm.request_check = lambda: self._check(job)
+        self.llm.sampled, self.llm.pretokenized = job.token_ids, job.tokens
         out = job.run(self.llm)
         if not job.stream:
             timings = self._record(job)
@@ -213,14 +340,17 @@ class ModelWorker:
             self._end(job, "done", out)
             return
         held = []  # the last chunk(s), with the finish reason: they carry the timings
+        sent = 0
         try:
             for chunk in out:
                 if job.cancelled:
                     break
+                piece = self._piece(job, chunk, sent)
+                sent = job.n_decoded
                 if _finish_reason(chunk) is not None or held:
-                    held.append(chunk)
+                    held.append(piece)
                 else:
-                    job.put("chunk", chunk)
+                    job.put("chunk", piece)
         finally:
             close = getattr(out, "close", None)
             if close is not None:
@@ -230,9 +360,10 @@ class ModelWorker:
             self._end(job, "error", Cancelled(job.cancelled))
             return
         if held:
-            held[-1] = dict(held[-1], timings=timings)
-        for chunk in held:
-            job.put("chunk", chunk)
+            held[-1]["chunk"] = dict(held[-1]["chunk"], timings=timings)
+            held[-1]["tokens"] = held[-1]["tokens"] + job.token_ids[sent:]
+        for piece in held:
+            job.put("chunk", piece)
         self._end(job, "done", None)
 
     def _record(self, job: Job) -> Optional[dict]:

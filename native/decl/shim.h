@@ -8,6 +8,8 @@
 #define LMWS_ENOMEM ...
 #define LMWS_ENOTSUP ...
 #define LMWS_EFAILED ...
+#define LMWS_EGRAMMAR ...
+#define LMWS_ESAMPLER ...
 #define LMWS_NOT_ELIGIBLE ...
 
 const char * lmws_last_error(void);
@@ -56,3 +58,10 @@ int lmws_rpc_register_device(ggml_backend_dev_t dev);
 int lmws_rpc_server_ok(const char * endpoint, bool * ok);
 int lmws_rpc_start_server(const char * endpoint, const char * cache_dir, size_t n_threads,
                           ggml_backend_dev_t * devices, size_t n_devices);
+
+/* grammars and sampling (sampler.cpp): no C++ exception leaves these; LMWS_EGRAMMAR for a grammar
+   that does not parse (llama.cpp's parse message) or that no token can continue, LMWS_ESAMPLER
+   for anything llama.cpp's samplers threw */
+int lmws_grammar_check(const struct llama_vocab * vocab, const char * grammar, const char * root);
+int lmws_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx, llama_token * out);
+int lmws_sampler_accept(struct llama_sampler * smpl, llama_token token);
