@@ -68,7 +68,8 @@ REFUSED_SERVER_FLAGS = {
     ("--mmproj", "-mm"): "no multimodal projector: this server serves text models",
     ("--embedding", "--embeddings", "--reranking", "--rerank"): "this server generates text; it has no "
     "embedding or reranking endpoints",
-    ("-cb", "--cont-batching", "-nocb", "--no-cont-batching"): "one request runs at a time here (see README, Serving)",
+    ("-nocb", "--no-cont-batching"): "the engine always batches every running request into one step "
+    "(continuous batching); serve -np 1 runs one request at a time",
 }
 
 
@@ -112,7 +113,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=512,
                    help="a checkpoint every N tokens of a long prompt, besides each prompt's end "
                    "(default 512, 0: only there)")
-    p.add_argument("-np", "--parallel", type=int, default=1, help="sequences (n_seq_max)")
+    p.add_argument("-np", "--parallel", type=int, default=1,
+                   help="slots: requests served at once, each a sequence of the contexts (n_seq_max)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096)
     p.add_argument("-b", "--batch-size", type=int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=int, default=512)
@@ -144,7 +146,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at GET /metrics")
     p.add_argument("--queue-size", type=int, default=16,
-                   help="requests that may wait while one runs (default 16); one more gets a 503")
+                   help="requests that may wait while -np run (default 16); one more gets a 503")
+    p.add_argument("-cb", "--cont-batching", action="store_true", default=True,
+                   help="accepted: continuous batching is how the engine runs (every running request in "
+                   "each step, new ones joining as slots free)")
     p.add_argument("--temp", "--temperature", dest="temp", type=float, default=None,
                    help="the temperature of requests that do not give one (default: each API's, 0.8)")
     p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=None,

@@ -316,6 +316,11 @@ class Llama(llama_cpp.Llama):
     model_params = _WithOurFields("_model_fields")
     context_params = _WithOurFields("_context_fields")
 
+    def n_ctx_slot(self) -> int:
+        """The context one request has: a slot's (``n_ctx``, or ``n_ctx / n_seq_max`` without
+        ``kv_unified``)."""
+        return self._engine.n_ctx_seq
+
     @property
     def drafting(self) -> bool:
         """The engine drafts: with the MTP head (``draft="mtp"``) or a binding draft model."""
@@ -338,6 +343,22 @@ class Llama(llama_cpp.Llama):
             seed = seed if seed is not None else random.Random(self._seed).randint(0, 2**32)
             self._seed = seed
             return seed
+
+    @contextlib.contextmanager
+    def on_slot(self, slot: Optional[int]):
+        """The completions this thread makes in the block run on engine slot ``slot`` (llama-server's
+        ``id_slot``; waiting for it while it is busy); None: any."""
+        if slot is not None and not 0 <= slot < len(self._engine.slots):
+            raise ValueError(f"slot {slot}: this model has slots 0 to {len(self._engine.slots) - 1}")
+        before = getattr(self._local, "slot", None)
+        self._local.slot = slot
+        try:
+            yield
+        finally:
+            self._local.slot = before
+
+    def _slot_wanted(self) -> Optional[int]:
+        return getattr(self._local, "slot", None)
 
     def _began(self, request: Request) -> None:
         self._local.request = request
@@ -498,10 +519,11 @@ class Llama(llama_cpp.Llama):
     # what it reports
 
     def workspace_stats(self):
-        """Per compute buffer type: requirements, bytes allocated, generation, grows/shrinks."""
+        """Per compute buffer type: requirements, bytes allocated, generation, grows/shrinks (read
+        on the engine's thread between two steps)."""
         if self._workspace is None:
             return []
-        return self._engine.exclusive(self._workspace.stats) if self._engine is not None else self._workspace.stats()
+        return self._engine.between_steps(self._workspace.stats)
 
     def checkpoint_stats(self) -> dict:
         """Prompt reuse through checkpoints, summed over the slots."""
@@ -513,6 +535,18 @@ class Llama(llama_cpp.Llama):
                    enabled=e.recurrent and per[0]["max_count"] > 0 and per[0]["max_bytes"] > 0,
                    every=e.reuse.every)
         return out
+
+    def engine_stats(self) -> dict:
+        """The engine's steps so far, the target's and the draft's graphs (ubatches) over them, and
+        the most slots busy in one step."""
+        e = self._engine
+        return {"steps": e.steps, "graphs_target": e.graphs_target, "graphs_draft": e.graphs_draft,
+                "slots": len(e.slots), "slots_busy_max": e.peak_busy}
+
+    def draft_lengths(self) -> dict:
+        """The draft lengths the engine's steps asked for since the model loaded (0: a plain
+        decode step) and how often."""
+        return dict(self._engine.lengths)
 
     def slots(self) -> list:
         """Each slot's state (llama-server's ``GET /slots`` fields)."""

@@ -86,13 +86,14 @@ def test_prompts_as_tokens_and_mixed_and_id_slot(server, reference):
     status, tok = server.json("POST", "/tokenize", {"content": PROMPT})
     assert status == 200
     ids = tok["tokens"]
-    for prompt in (ids, ids[:2] + [server.json("POST", "/detokenize", {"tokens": ids[2:]})[1]["content"]]):
-        status, res = server.json("POST", "/completion", {"prompt": prompt, "id_slot": 0})
+    for slot, prompt in ((0, ids), (1, ids[:2] + [server.json("POST", "/detokenize", {"tokens": ids[2:]})[1]["content"]])):
+        status, res = server.json("POST", "/completion", {"prompt": prompt, "id_slot": slot})
         assert status == 200 and res["tokens_evaluated"] >= len(ids) - 1
+        assert res["id_slot"] == slot  # it ran on the slot asked for
     status, res = server.json("POST", "/completion", {"prompt": ids, "id_slot": -1})
     assert status == 200 and res["content"] == reference["content"]
     status, res = server.json("POST", "/completion", {"prompt": PROMPT, "id_slot": 3})
-    assert status == 400 and "one slot" in llama_error(res, 400)["message"]
+    assert status == 400 and "slots 0 to 1" in llama_error(res, 400)["message"]
     status, res = server.json("POST", "/completion", {"prompt": ["one", "two"]})
     assert status == 400 and "one prompt per request" in llama_error(res, 400)["message"]
 
@@ -130,20 +131,20 @@ def test_tokenize_detokenize_and_apply_template(server):
 def test_props_and_slots_tell_the_truth(server, reference):
     status, props = server.json("GET", "/props")
     assert status == 200
-    assert props["total_slots"] == 1  # one request runs at a time, whatever -np says
+    assert props["total_slots"] == 2  # -np 2: two requests run at once
     assert props["model_alias"] == "tiny-llama" and props["chat_template"] == TEMPLATE
     assert props["default_generation_settings"]["n_ctx"] == 512
     assert props["default_generation_settings"]["params"]["temperature"] == 0
     assert props["default_generation_settings"]["params"]["n_predict"] == N_DEFAULT
     assert props["endpoint_slots"] is True and props["modalities"]["vision"] is False
     status, slots = server.json("GET", "/slots")
-    assert status == 200 and len(slots) == 1
-    slot = slots[0]
-    assert slot["id"] == 0 and slot["is_processing"] is False and slot["speculative"] is False
-    before = slot["id_task"]
+    assert status == 200 and [s["id"] for s in slots] == [0, 1]
+    assert not any(s["is_processing"] or s["speculative"] for s in slots)
+    before = max(s["id_task"] for s in slots)
     server.json("POST", "/completion", {"prompt": PROMPT, "n_predict": 3})
-    slot = server.json("GET", "/slots")[1][0]
+    slot = max(server.json("GET", "/slots")[1], key=lambda s: s["id_task"])  # the slot it ran on
     assert slot["id_task"] > before and slot["next_token"][0]["n_decoded"] == 3
+    assert slot["n_past"] >= slot["n_prompt_tokens"]  # what the slot holds for the next request
     assert slot["params"]["n_predict"] == 3
     assert server.json("GET", "/slots?fail_on_no_slot=1")[0] == 200
 

@@ -148,3 +148,39 @@ def test_a_grammar_no_token_can_continue_is_a_400_for_that_request_alone(server,
         err = error_of(exc)
         assert err["code"] == "grammar_error" and "no token can be sampled" in err["message"], err
     assert server.alive() and _chat(client).choices[0].message.content
+
+
+def _binding_logprobs(model, prompt, max_tokens, n):
+    """The binding's own figures with logits_all (every row computed and kept)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(model), logits_all=True, n_ctx=512, n_batch=64, n_ubatch=64, verbose=False)
+    try:
+        return llm.create_completion(prompt, max_tokens=max_tokens, temperature=0.0, logprobs=n)["choices"][0]
+    finally:
+        llm.close()
+
+
+def test_logprobs_without_logits_all_equal_the_bindings_with_it(server, client, models_dir):
+    """The server's model has no logits_all: logprobs come from the rows sampling reads."""
+    model = models_dir / "openai-chars.gguf"
+    got = client.completions.create(model="x", prompt="once upon a", max_tokens=12, temperature=0, logprobs=3)
+    want = _binding_logprobs(model, "once upon a", 12, 3)
+    lp = got.choices[0].logprobs
+    assert got.choices[0].text == want["text"]
+    assert lp.tokens == want["logprobs"]["tokens"]
+    assert lp.token_logprobs == pytest.approx(want["logprobs"]["token_logprobs"], abs=1e-4)
+    assert [sorted(t) for t in lp.top_logprobs] == [sorted(t) for t in want["logprobs"]["top_logprobs"]]
+    # chat: OpenAI's shape, as the binding's chat handler makes it from the same completion figures
+    import llama_cpp
+
+    chat = _chat(client, logprobs=True, top_logprobs=2)
+    llm = llama_cpp.Llama(str(model), logits_all=True, n_ctx=512, n_batch=64, n_ubatch=64, verbose=False)
+    try:
+        ref = llm.create_chat_completion(CHAT, max_tokens=16, temperature=0, logprobs=True, top_logprobs=2)
+    finally:
+        llm.close()
+    content, want_content = chat.choices[0].logprobs.content, ref["choices"][0]["logprobs"]["content"]
+    assert [c.token for c in content] == [c["token"] for c in want_content] and content
+    assert [c.logprob for c in content] == pytest.approx([c["logprob"] for c in want_content], abs=1e-4)
+    assert all(len(c.top_logprobs) == 2 for c in content)

@@ -65,8 +65,9 @@ def _run(ref, cv) -> None:
 
 
 class _Exclusive:
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, idle: bool = True):
         self.fn = fn
+        self.idle = idle  # run only once no slot is busy
         self.done = threading.Event()
         self.result = None
         self.error: Optional[BaseException] = None
@@ -181,11 +182,13 @@ class Engine:
         sampling = kw.pop("sampling", None) or SamplingParams(temp=0.0)
         return self.submit(Request(prompt, sampling, max_tokens=max_tokens, **kw)).wait()
 
-    def exclusive(self, fn: Callable):
-        """Run ``fn()`` on the engine's thread once no slot is busy (new requests wait); its result."""
+    def exclusive(self, fn: Callable, *, idle: bool = True):
+        """Run ``fn()`` on the engine's thread once no slot is busy (new requests wait meanwhile);
+        its result. ``idle=False``: at the next step boundary, the slots as they are
+        (:meth:`between_steps`)."""
         if threading.current_thread() is self._thread:
             return fn()
-        op = _Exclusive(fn)
+        op = _Exclusive(fn, idle)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the engine is closed")
@@ -201,9 +204,14 @@ class Engine:
         with self._cv:
             self._cv.notify_all()
 
+    def between_steps(self, fn: Callable):
+        """Run ``fn()`` on the engine's thread between two steps (reading the contexts' state while
+        requests run); its result."""
+        return self.exclusive(fn, idle=False)
+
     @property
     def exclusive_pending(self) -> bool:
-        return bool(self._ops)
+        return any(op.idle for op in self._ops)
 
     def busy(self) -> int:
         return sum(1 for s in self.slots if s.busy)
@@ -245,7 +253,9 @@ class Engine:
     def _work(self) -> bool:
         """One turn of the engine's thread: an exclusive call, or a step. False: nothing to do."""
         with self._cv:
-            op = self._ops.popleft() if self._ops and not self.busy() else None
+            op = next((o for o in self._ops if not o.idle or not self.busy()), None)
+            if op is not None:
+                self._ops.remove(op)
         if op is not None:
             try:
                 op.result = op.fn()

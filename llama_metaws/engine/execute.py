@@ -160,6 +160,7 @@ def _verify(engine, v: Verdict, tctx, rows, *, drafts: List[int], first: int) ->
                 break
         if r.stop_at_eog and engine.is_eog(tok):
             finish = "stop"
+            r.eog = True  # sampled, not returned (llama-server counts it in predicted_n)
             break
         toks.append(tok)
         if keep_rows:

@@ -75,14 +75,15 @@ class Request:
     for a request with no ``max_tokens`` read one token at a time. ``cache_prompt``:
     llama-server's: reuse the prefix of the prompt the slot holds (False: evaluate all of it).
     ``stop``: strings (bytes) that end the request once its text holds one (finish ``"stop"``,
-    the token that completed it returned); the front-end cuts the text there.
+    the token that completed it returned); the front-end cuts the text there. ``slot``: run on
+    that slot (llama-server's ``id_slot``), waiting while it is busy.
     """
 
     def __init__(self, prompt: Sequence[int], sampling: Optional[SamplingParams] = None, *,
                  max_tokens: Optional[int] = None, stopping_criteria: Optional[Callable] = None,
                  logits_rows: bool = False, prompt_rows: bool = False, draft: bool = True,
                  stop_at_eog: bool = True, throttle: bool = False, cache_prompt: bool = True,
-                 stop: Sequence[bytes] = ()) -> None:
+                 stop: Sequence[bytes] = (), slot: Optional[int] = None) -> None:
         self.id = next(_ids)
         self.prompt = [int(t) for t in prompt]
         if not self.prompt:
@@ -99,12 +100,14 @@ class Request:
         self.stop_at_eog = stop_at_eog
         self.cache_prompt = cache_prompt    # reuse what the slot holds of the prompt
         self.stop = [s for s in stop if s]  # stop strings: the engine ends the request at one
+        self.wanted_slot = slot             # run on this slot only (waiting for it); None: any
         self.text = b""                     # the generated tokens' pieces (only with stop strings)
         self.throttle = throttle            # run at most AHEAD tokens ahead of what was consumed
         self.n_consumed = 0
         self.on_consumed: Optional[Callable[[], None]] = None  # set by the engine: wakes it
         # the engine's side (its thread only)
         self.generated: List[int] = []
+        self.eog = False                    # it ended at an end-of-generation token (not returned)
         self.finish: Optional[str] = None
         self.error: Optional[BaseException] = None
         self.slot: Optional[int] = None
@@ -203,7 +206,7 @@ def timings_of(r: Request) -> dict:
     t0 = r.t_start if r.t_start is not None else r.t_submit
     t_end = r.t_end if r.t_end is not None else time.perf_counter()
     t_first = t_end if r.t_first is None else r.t_first
-    predicted_n = len(r.generated)
+    predicted_n = len(r.generated) + int(r.eog)  # every token sampled, as llama-server counts them
     if r.t_encoded is None:
         n_prompt_phase, t_split, n_decode = r.prompt_n, t_first, max(predicted_n - 1, 0)
     else:

@@ -86,7 +86,11 @@ def schedule(engine) -> StepPlan:
     admitted = []
     while engine.waiting and not engine.exclusive_pending:
         r: Request = engine.waiting[0]
-        slot = choose_slot(engine.slots, r.prompt)
+        if r.wanted_slot is not None:  # llama-server's id_slot: that slot, once it is free
+            wanted = engine.slots[r.wanted_slot] if r.wanted_slot < len(engine.slots) else None
+            slot = wanted if wanted is not None and not wanted.busy else None
+        else:
+            slot = choose_slot(engine.slots, r.prompt)
         if slot is None:
             break
         engine.waiting.popleft()

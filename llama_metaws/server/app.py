@@ -242,7 +242,7 @@ def create_app(worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: 
 
     async def props(request: Request):
         authorize(request)
-        return JSON(llama_api.props(model, total_slots=1, slots_endpoint=slots, metrics=metrics,
+        return JSON(llama_api.props(model, total_slots=worker.n_parallel, slots_endpoint=slots, metrics=metrics,
                                             model_path=model_path, build_info=build_info))
 
     async def slots_route(request: Request):

@@ -131,6 +131,12 @@ class Options:
         self.stop = settings.get("stop") or []
 
 
+def _slot(job) -> int:
+    """The engine slot a job ran on (0 before it reached one)."""
+    r = getattr(job, "request", None)
+    return r.slot if r is not None and r.slot is not None else 0
+
+
 def completion(body: dict, model: ModelAccess):
     """``POST /completion``: a :class:`Plan` and its :class:`Options`."""
     for key, off in OFF_ONLY.items():
@@ -138,8 +144,8 @@ def completion(body: dict, model: ModelAccess):
             raise RequestError(400, f"{key!r} is not implemented by this server; leave it out or at {off!r}",
                                param=key, code="unsupported_parameter")
     slot = body.get("id_slot", -1)
-    if slot not in (-1, 0, None):
-        raise _bad("id_slot", f"{slot!r}: this server has one slot, 0 (or -1: any)")
+    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not -1 <= slot < model.n_slots):
+        raise _bad("id_slot", f"{slot!r}: this server has slots 0 to {model.n_slots - 1} (or -1: any)")
     if "prompt" not in body:
         raise RequestError(400, "'prompt' is required", param="prompt", code="invalid_value")
     kwargs = dict(_DEFAULTS)
@@ -168,7 +174,8 @@ def completion(body: dict, model: ModelAccess):
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "true or false is expected")
-    plan = Plan(kind="completion", kwargs=kwargs, stream=stream, prompt_param="prompt")
+    plan = Plan(kind="completion", kwargs=kwargs, stream=stream, prompt_param="prompt",
+                id_slot=slot if slot is not None and slot >= 0 else None)
     ids = prompt_tokens(model, _one_prompt(body["prompt"]), "prompt", True, True, {})
     if not ids:
         raise RequestError(400, "the prompt is empty: send a non-empty 'prompt'", param="prompt", code="invalid_value")
@@ -263,13 +270,14 @@ class Responder:
         word = next((s for s in self.options.stop if s and s in rest), "")
         return ("word", word) if word else ("eos", "")
 
-    def final(self, text: str, token_ids: List[int], timings: Optional[dict], finish_reason) -> dict:
-        """The last answer: ``text`` the whole answer's, ``token_ids`` every token sampled."""
+    def final(self, text: str, token_ids: List[int], timings: Optional[dict], finish_reason, slot: int = 0) -> dict:
+        """The last answer: ``text`` the whole answer's, ``token_ids`` every token sampled, ``slot``
+        the engine slot it ran on."""
         t = timings or {}
         stop_type, word = self._stop(text, finish_reason, token_ids)
         res = {"index": 0, "content": "" if self.plan.stream else text,
                "tokens": list(token_ids) if self.options.return_tokens and not self.plan.stream else [],
-               "id_slot": 0, "stop": True, "model": self.model.alias, "tokens_predicted": len(token_ids),
+               "id_slot": slot, "stop": True, "model": self.model.alias, "tokens_predicted": len(token_ids),
                "tokens_evaluated": self.options.n_prompt, "generation_settings": self.options.settings,
                "prompt": self.options.prompt_text, "has_new_line": "\n" in text, "truncated": False,
                "stop_type": stop_type, "stopping_word": word,
@@ -280,7 +288,8 @@ class Responder:
 
     def response(self, out: dict, job) -> dict:
         choice = out["choices"][0]
-        res = self.final(choice.get("text", ""), job.token_ids, out.get("timings"), choice.get("finish_reason"))
+        res = self.final(choice.get("text", ""), job.token_ids, out.get("timings"), choice.get("finish_reason"),
+                         _slot(job))
         if choice.get("logprobs") and not self.options.response_fields:
             lp = choice["logprobs"]
             res["completion_probabilities"] = [
@@ -294,7 +303,7 @@ class Responder:
 
     def first(self, job) -> List[dict]:
         if self.options.return_progress and job.progress is not None:
-            return [{"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": 0, "tokens_predicted": 0,
+            return [{"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": _slot(job), "tokens_predicted": 0,
                      "tokens_evaluated": self.options.n_prompt, "prompt_progress": dict(job.progress)}]
         return []
 
@@ -305,13 +314,13 @@ class Responder:
         self.text += text
         out = []
         if text or piece["tokens"]:
-            event = {"index": 0, "content": text, "tokens": piece["tokens"], "stop": False, "id_slot": 0,
+            event = {"index": 0, "content": text, "tokens": piece["tokens"], "stop": False, "id_slot": _slot(job),
                      "tokens_predicted": piece["n_decoded"], "tokens_evaluated": self.options.n_prompt}
             if self.options.timings_per_token:
                 event["timings"] = _timings_now(piece, self.options.n_prompt)
             out.append(event)
         if choice.get("finish_reason") is not None:
-            out.append(self.final(self.text, job.token_ids, chunk.get("timings"), choice["finish_reason"]))
+            out.append(self.final(self.text, job.token_ids, chunk.get("timings"), choice["finish_reason"], _slot(job)))
         return out
 
     def end(self) -> List[str]:

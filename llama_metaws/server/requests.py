@@ -91,15 +91,13 @@ class ModelAccess:
         self.alias = alias
         self.temperature = temperature
         self.n_predict = n_predict
-        # the context one sequence has: all of it with -kvu (or one sequence), else its share
-        params = llm.context_params
-        self.n_ctx = int(llm.n_ctx())
-        if not getattr(params, "kv_unified", True) and params.n_seq_max > 1:
-            self.n_ctx //= int(params.n_seq_max)
+        # the context one sequence (one slot) has: all of it with -kvu (or one slot), else its share
+        self.n_ctx = int(llm.n_ctx_slot())
+        self.n_slots = len(llm.slots())
         self.n_vocab = int(llm.n_vocab())
         # the tokens a string prompt gets around it (BOS, EOS) when the binding completes it
         self.n_specials = len(llm.tokenize(b"a", add_bos=True)) - len(llm.tokenize(b"a", add_bos=False))
-        self.drafting = getattr(llm, "draft_model", None) is not None
+        self.drafting = bool(llm.drafting)
 
     def tokenize(self, text: str, add_bos: bool, special: bool, tokens: Dict[TokenKey, List[int]]) -> List[int]:
         key = (text.encode("utf-8"), add_bos, special)
@@ -175,6 +173,7 @@ class Plan:
     tokens: Dict[TokenKey, List[int]] = dataclasses.field(default_factory=dict)  # tokenized already
     n_prompt: Optional[int] = None  # the prompt's tokens, when known before the run
     info: dict = dataclasses.field(default_factory=dict)  # what GET /slots shows as the request's params
+    id_slot: Optional[int] = None  # llama-server's id_slot: the engine slot to run on (None: any)
 
     def call_kwargs(self, llm) -> dict:
         """The keyword arguments, completed with what needs the loaded model. A logit bias goes
@@ -193,9 +192,11 @@ class Plan:
         return kw
 
     def run(self, llm):
-        """``create_completion`` or ``create_chat_completion`` with these arguments."""
+        """``create_completion`` or ``create_chat_completion`` with these arguments (on the slot
+        asked for, if any)."""
         call: Callable = llm.create_completion if self.kind == "completion" else llm.create_chat_completion
-        return call(**self.call_kwargs(llm))
+        with llm.on_slot(self.id_slot):
+            return call(**self.call_kwargs(llm))
 
 
 def _request_types():
