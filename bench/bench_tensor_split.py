@@ -22,11 +22,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401  (the patched build, before llama_cpp)
 from llama_metaws.engine.contexts import load_model, new_context  # noqa: E402
-from llama_metaws.engine.mtp import MTPDrafter  # noqa: E402
+from llama_metaws.engine.core import Engine  # noqa: E402
 from llama_metaws.testing import make_tiny_mtp_model  # noqa: E402
 from llama_metaws.engine.workspace import Workspace  # noqa: E402
 
 import _doc  # noqa: E402
+
+
+class Drafter(Engine):
+    """The engine ``Llama`` runs, over these low-level contexts: ``generate`` is one fresh greedy
+    request; ``on_step`` is called on the engine's thread after each of its steps."""
+
+    def generate(self, prompt, n, on_step=None):
+        self.after_step = on_step
+        try:
+            return self.complete(prompt, n, stop_at_eog=False, cache_prompt=False)
+        finally:
+            self.after_step = None
 
 DRAFT_MAX = 3
 N_SEQ = 2
@@ -47,7 +59,7 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
             target = new_context(model, n_ctx=512, n_batch=128, n_ubatch=64, n_seq_max=N_SEQ, n_rs_seq=DRAFT_MAX)
             draft = new_context(model, n_ctx=512, n_batch=128, n_ubatch=64, n_seq_max=N_SEQ, mtp=True)
             ws = Workspace(target, draft, mode=m, n_decode_tokens=N_SEQ * (DRAFT_MAX + 1))
-            pairs[m] = (target, draft, ws, MTPDrafter(target, draft, draft_max=DRAFT_MAX))
+            pairs[m] = (target, draft, ws, Drafter(target, draft, draft_max=DRAFT_MAX))
         prompts = [[(11 * i + k) % 128 for i in range(150)] for k in range(runs)]
         tps = {m: [] for m in MODES}
         outputs = {m: [] for m in MODES}
@@ -70,7 +82,7 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
             def sample(*_a, ws=ws, m=m):
                 peak[m] = max(peak[m], meta_bytes(ws))
 
-            drafter.generate(prompts[0], n_tokens, on_token=sample, on_draft=sample)
+            drafter.generate(prompts[0], n_tokens, on_step=sample)
             acceptance[m] = drafter.total.acceptance
             ws.close()
             draft.close()
@@ -95,7 +107,7 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
     saved = peak["private-meta"] - peak["alias"]
     lines += ["", f"The alias saves **{saved:,} B per device** against private meta buffers "
               f"({saved / peak['private-meta']:.1%} of the meta compute; the draft's share) at the "
-              "moments sampled here (before each verification and after each token: decode phase). "
+              "moments sampled here (after each engine step). "
               "`llama-metaws vram`, which reads the accounting after every decode from model load on, "
               "also sees the prompt phase, where both private meta buffers are prompt-sized at once. "
               "The seed reported 130 MiB per GPU at its configuration (27B model, -c 16384, -ub 512); "

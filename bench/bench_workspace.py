@@ -22,11 +22,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401  (the patched build, before llama_cpp)
 from llama_metaws.engine.contexts import load_model, new_context  # noqa: E402
-from llama_metaws.engine.mtp import MTPDrafter  # noqa: E402
+from llama_metaws.engine.core import Engine  # noqa: E402
 from llama_metaws.testing import make_tiny_mtp_model  # noqa: E402
 from llama_metaws.engine.workspace import Workspace  # noqa: E402
 
 import _doc  # noqa: E402
+
+
+class Drafter(Engine):
+    """The engine ``Llama`` runs, over these low-level contexts: ``generate`` is one fresh greedy
+    request; ``on_step`` is called on the engine's thread after each of its steps."""
+
+    def generate(self, prompt, n, on_step=None):
+        self.after_step = on_step
+        try:
+            return self.complete(prompt, n, stop_at_eog=False, cache_prompt=False)
+        finally:
+            self.after_step = None
 
 DRAFT_MAX = 3
 N_UBATCH = 64
@@ -36,7 +48,7 @@ def make_pair(model, mode):
     target = new_context(model, n_ctx=512, n_batch=256, n_ubatch=N_UBATCH, n_rs_seq=DRAFT_MAX)
     draft = new_context(model, n_ctx=512, n_batch=256, n_ubatch=N_UBATCH, mtp=True)
     ws = Workspace(target, draft, mode="off" if mode == "private" else "alias", n_decode_tokens=DRAFT_MAX + 1)
-    return target, draft, ws, MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+    return target, draft, ws, Drafter(target, draft, draft_max=DRAFT_MAX)
 
 
 def run(runs: int, n_tokens: int, write: bool = True) -> str:
@@ -72,8 +84,8 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
                 shrinks[m].append(s1 - s0)
                 outputs[m].append(out)
 
-        # memory in an untimed request: sampled before every verification (the prompt phase
-        # is still in place then) and after every accepted token
+        # memory in an untimed request: sampled after every engine step (the prompt's chunks
+        # included)
         for m in modes:
             target, draft, ws, drafter = pairs[m]
 
@@ -85,7 +97,7 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
                     roles[m] = sum(max(e.owner_need, e.borrower_need) if e.shared else e.allocated
                                    for e in entries)
 
-            drafter.generate(prompts[0], n_tokens, on_token=sample, on_draft=sample)
+            drafter.generate(prompts[0], n_tokens, on_step=sample)
         for m in modes:
             target, draft, ws, drafter = pairs[m]
             ws.close()

@@ -13,8 +13,8 @@ _runtime.prepare()
 
 def __getattr__(name):
     # the high-level classes load llama_cpp: only when asked for (the CLI's build runs without)
-    if name in ("Llama", "MTPDraftModel"):
+    if name == "Llama":
         from . import llama as _llama
 
-        return getattr(_llama, name)
+        return _llama.Llama
     raise AttributeError(f"module 'llama_metaws' has no attribute {name!r}")

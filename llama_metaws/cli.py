@@ -83,6 +83,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           "(unsafe-shared is expected to die with GGML_ASSERT(tensor)):", flush=True)
     records = vram.run_configurations(model=str(model_path), devices=devices)
     print(vram.format_table(records))
+    _real_vocabulary_row()
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -90,6 +91,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     else:
         print(f"plot: {vram.plot(records, args.plot)}")
     return 0 if all(vram.as_expected(r) for r in records) else 1
+
+
+def _real_vocabulary_row() -> None:
+    """Held compute at a real vocabulary, ours beside llama.cpp's reservation with llama-server's limits."""
+    from .testing import make_mtp_model
+    from .tools.reservation import REAL_VOCAB_SHAPE, held_side_by_side
+
+    path = make_mtp_model(**REAL_VOCAB_SHAPE)  # cached after the first demo
+    side = held_side_by_side(str(path))
+    print(f"\nat a real vocabulary ({side.n_vocab:,} tokens; n_embd {REAL_VOCAB_SHAPE['n_embd']}, "
+          f"{REAL_VOCAB_SHAPE['n_layer']} layers, one CPU), -np 2 -ub 512 -c 4096 --spec-type draft-mtp "
+          "--spec-draft-n-max 3, compute held:", flush=True)
+    print("\n".join(side.lines()))
 
 
 def _cmd_vram(args: argparse.Namespace) -> int:
@@ -147,7 +161,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         st = llm.draft_stats.last
         print(f"prompt {t['prompt_tokens']} tokens, {t['prompt_tokens_per_s']:.1f} t/s; "
               f"decode {t['decode_tokens']} tokens, {t['decode_tokens_per_s']:.1f} t/s", file=sys.stderr)
-        if llm.draft_model is not None:
+        if llm.drafting:
             print(f"draft: {st.drafted} drafted, {st.accepted} accepted ({st.acceptance:.1%})", file=sys.stderr)
         for e in llm.workspace_stats():
             print(f"workspace {e.buffer_type}: allocated {e.allocated:,} B (target needs {e.owner_need:,}, "
@@ -275,10 +289,11 @@ def make_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_cmd_generate)
 
     sv = sub.add_parser("serve", allow_abbrev=False,
-                        help="an OpenAI-compatible server on the patched Llama (llama-server's flags)",
-                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and "
-                        "(--metrics) /metrics with the patched Llama, configured by llama-server's flags, "
-                        "e.g. -m MODEL --device CPU,CPU -sm tensor --spec-type draft-mtp "
+                        help="OpenAI's API and llama-server's on the patched Llama (llama-server's flags)",
+                        description="Serve OpenAI's /v1/completions, /v1/chat/completions, /v1/models and "
+                        "llama-server's /completion, /tokenize, /detokenize, /apply-template, /props, /slots, "
+                        "/health and (--metrics) /metrics with the patched Llama, configured by llama-server's "
+                        "flags, e.g. -m MODEL --device CPU,CPU -sm tensor --spec-type draft-mtp "
                         "--phase-aware-workspace --port 8080. One request runs at a time (-np sizes the "
                         "contexts); others wait, up to --queue-size. Needs the server extra.")
     flags.add_model_flags(sv)

@@ -19,8 +19,20 @@ class BindingVersionError(LlamaMetawsError, ImportError):
     """The installed llama-cpp-python is not the release our patches target."""
 
 
+class SamplingError(LlamaMetawsError):
+    """llama.cpp's sampler failed on one request (what it threw, caught in the shim); the process
+    and the model go on."""
+
+
+class GrammarError(SamplingError, ValueError):
+    """A grammar that does not parse (llama.cpp's parse message), or one that no token can
+    continue: every token of the vocabulary ruled out, or a token given to ``accept`` that it
+    does not allow. The request's fault: nothing was accepted."""
+
+
 class PlanError(ValueError):
     """The planner cannot map its input (a config field, a flag); the message names it."""
 
 
-__all__ = ["PlanError", "LlamaMetawsError", "NativeBuildMissing", "BindingVersionError"]
+__all__ = ["PlanError", "LlamaMetawsError", "NativeBuildMissing", "BindingVersionError", "SamplingError",
+           "GrammarError"]

@@ -23,6 +23,56 @@ def parse_floats(text: str) -> List[float]:
 
 
 
+# llama.cpp's KV cache types (-ctk/-ctv) as ggml's type ids (ggml.h's enum ggml_type: stable ABI)
+KV_CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20,
+                  "q5_0": 6, "q5_1": 7}
+
+
+def kv_cache_type(text: str) -> str:
+    name = text.strip().lower()
+    if name not in KV_CACHE_TYPES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a KV cache type; allowed: {', '.join(KV_CACHE_TYPES)}")
+    return name
+
+
+def byte_size(text: str) -> int:
+    """A byte count, with an optional K, M or G suffix (binary: 16M is 16 MiB)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        n = int(t[:-1] if scale > 1 else t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 16M)") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return n
+
+
+class _Refused(argparse.Action):
+    """A llama-server flag that means nothing here: an error that says why, naming the flag."""
+
+    def __init__(self, option_strings, dest, reason: str = "", **kwargs):
+        self.reason = reason
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: {self.reason}")
+
+
+# llama-server's flags this server refuses, and why
+REFUSED_SERVER_FLAGS = {
+    ("--no-jinja",): "this server renders chat templates with Jinja only (the model's, or --chat-template's)",
+    ("--props",): "POST /props changes nothing here: GET /props is always served",
+    ("--slot-save-path",): "slots cannot be saved or restored here",
+    ("--lora", "--lora-scaled", "--control-vector"): "adapters are not supported by llama-metaws serve",
+    ("--mmproj", "-mm"): "no multimodal projector: this server serves text models",
+    ("--embedding", "--embeddings", "--reranking", "--rerank"): "this server generates text; it has no "
+    "embedding or reranking endpoints",
+    ("-nocb", "--no-cont-batching"): "the engine always batches every running request into one step "
+    "(continuous batching); serve -np 1 runs one request at a time",
+}
+
+
 def draft_max_value(text: str):
     """--draft-max: a count of tokens, or "auto" (a length chosen per step, at most AUTO_DRAFT_MAX)."""
     if text.strip().lower() == "auto":
@@ -63,7 +113,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=512,
                    help="a checkpoint every N tokens of a long prompt, besides each prompt's end "
                    "(default 512, 0: only there)")
-    p.add_argument("-np", "--parallel", type=int, default=1, help="sequences (n_seq_max)")
+    p.add_argument("-np", "--parallel", type=int, default=1,
+                   help="slots: requests served at once, each a sequence of the contexts (n_seq_max)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096)
     p.add_argument("-b", "--batch-size", type=int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=int, default=512)
@@ -73,6 +124,14 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="keep the KV cache in host memory (offload_kqv=False); under -sm tensor each "
                    "device works on its own KV heads of it (CPU devices only)")
     p.add_argument("-s", "--seed", type=int, default=-1)
+    p.add_argument("-ctk", "--cache-type-k", type=kv_cache_type, default=None,
+                   help=f"KV cache type for K ({', '.join(KV_CACHE_TYPES)}; default f16)")
+    p.add_argument("-ctv", "--cache-type-v", type=kv_cache_type, default=None,
+                   help="KV cache type for V (as -ctk; a quantized V needs flash attention)")
+    p.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true", default=False,
+                   help="one KV buffer for every sequence: with -np N each may use the whole context")
+    p.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
+                   help="a KV buffer per sequence (the default): with -np N each has a context of -c / N")
     p.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default="auto",
                    help="flash attention: on, off, or auto (default): on under -sm tensor, which needs "
                    "it, else the binding's default (off)")
@@ -87,7 +146,27 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at GET /metrics")
     p.add_argument("--queue-size", type=int, default=16,
-                   help="requests that may wait while one runs (default 16); one more gets a 503")
+                   help="requests that may wait while -np run (default 16); one more gets a 503")
+    p.add_argument("-cb", "--cont-batching", action="store_true", default=True,
+                   help="accepted: continuous batching is how the engine runs (every running request in "
+                   "each step, new ones joining as slots free)")
+    p.add_argument("--temp", "--temperature", dest="temp", type=float, default=None,
+                   help="the temperature of requests that do not give one (default: each API's, 0.8)")
+    p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=None,
+                   help="the tokens to generate for requests that do not say (-1: up to the context; "
+                   "default: each API's, 16 on /v1/completions)")
+    p.add_argument("--jinja", action="store_true",
+                   help="accepted: chat templates are always rendered with Jinja here")
+    p.add_argument("--chat-template", metavar="JINJA_TEMPLATE",
+                   help="the chat template: Jinja text, or chatml or llama3 (default: the model's)")
+    p.add_argument("--chat-template-file", metavar="FILE", help="the chat template's Jinja text from a file")
+    p.add_argument("--slots", dest="slots", action="store_true", default=True,
+                   help="serve GET /slots (the default)")
+    p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve GET /slots")
+    p.add_argument("--max-body-size", type=byte_size, default=16 << 20, metavar="BYTES",
+                   help="the largest request body accepted (default 16M); a larger one gets a 413")
+    for names, reason in REFUSED_SERVER_FLAGS.items():
+        p.add_argument(*names, action=_Refused, nargs="*", reason=reason, help=argparse.SUPPRESS)
 
 
 def llama_kwargs(args: argparse.Namespace) -> dict:
@@ -104,6 +183,11 @@ def llama_kwargs(args: argparse.Namespace) -> dict:
         allow_unsafe_workspace=args.workspace_mode == "unsafe-shared",
         ctx_checkpoints=args.ctx_checkpoints, checkpoint_every=args.checkpoint_every,
     )
+    if getattr(args, "kv_unified", False):
+        kw["kv_unified"] = True
+    for flag, key in (("cache_type_k", "type_k"), ("cache_type_v", "type_v")):
+        if getattr(args, flag, None) is not None:
+            kw[key] = KV_CACHE_TYPES[getattr(args, flag)]
     fa = getattr(args, "flash_attn", "auto")
     if fa == "on":
         kw["flash_attn"] = True

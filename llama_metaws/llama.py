@@ -1,20 +1,21 @@
-"""``Llama``: llama-cpp-python's ``Llama`` with MTP drafting, named devices and the workspace.
+"""``Llama``: llama-cpp-python's ``Llama`` on the engine, with MTP drafting, named devices and the workspace.
 
 A subclass, so everything ``llama_cpp.Llama`` does keeps working (completions, ``__call__``,
-streaming, chat with the model's template, tokenize/detokenize, stop strings, seeds,
-logprobs): all of it runs through ``Llama.generate``, whose speculative path asks a draft
-model for tokens, evaluates them with the sampled token in one batch, samples every position
-from the target and keeps drafts only while they equal the sampled token. That keeps the
-target's distribution whether sampling is greedy or not. Here the draft model is the model's
-own MTP (NextN) head in a second context (:class:`MTPDraftModel`), fed the target's hidden
-rows by :meth:`Llama.eval`, and the two contexts share a phase-aware workspace.
+streaming, chat with the model's template, tokenize/detokenize, stop strings, seeds, logprobs,
+grammars, the low-level ``eval``/``sample``/``generate``, ``save_state``/``load_state``). The
+generation runs on the :class:`~llama_metaws.engine.core.Engine`: each completion is an engine
+request, and several threads' completions on one ``Llama(n_seq_max=N)`` run in the same steps,
+N at a time, batched (:mod:`llama_metaws.completion` answers them in the binding's shapes). The
+draft model is the model's own MTP (NextN) head in a second context, and the two contexts share a
+phase-aware workspace.
 
 New keyword arguments (llama.cpp's option names):
 
 - ``draft="mtp"`` drafts with the model's NextN layers (``None``, the default: no drafting);
   ``draft_max`` (3) tokens per step at most (``"auto"``: a length chosen per step from the
-  last steps' acceptance, see :class:`~llama_metaws.engine.draft_model.AdaptiveLength`),
+  last steps' acceptance, see :class:`~llama_metaws.engine.drafting.AdaptiveLength`),
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
+  the binding's ``draft_model`` (prompt lookup, ...) drafts on the engine too;
 - ``devices=["CPU", "CUDA0", ...]``: device names as llama.cpp prints them; the same CPU device
   may be listed twice (a CPU test bed); with devices, ``n_gpu_layers`` defaults to all layers;
 - ``rpc_servers=["host:port", ...]`` (or llama.cpp's ``--rpc`` string ``"h1:p1,h2:p2"``): ggml
@@ -23,42 +24,53 @@ New keyword arguments (llama.cpp's option names):
 - ``split_mode``: ``"none" | "layer" | "row" | "tensor"`` or the binding's integers, with
   ``tensor_split``; the binding's ``offload_kqv=False`` (``-nkvo``) under tensor split keeps
   the KV caches in host memory, each device on its own heads (CPU devices; else a ValueError);
-- ``n_seq_max`` (llama.cpp's ``-np``): sequences the contexts hold;
+- ``n_seq_max`` (llama.cpp's ``-np``): the engine's slots, requests served at once;
+  ``kv_unified=True`` (``-kvu``): one KV buffer for all of them, each may use the whole context
+  (else each has ``n_ctx / n_seq_max``);
 - ``phase_aware_workspace=True`` and ``workspace_mode`` (``"alias"``, ``"private-meta"``,
   ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash);
-- prompt reuse of a recurrent or hybrid target with drafting (:mod:`llama_metaws.engine.checkpoints`):
-  ``ctx_checkpoints`` (count), ``checkpoint_every`` (tokens) and ``ctx_checkpoints_bytes``.
+- prompt reuse of a recurrent or hybrid target (:mod:`llama_metaws.engine.checkpoints`):
+  ``ctx_checkpoints`` (count per slot), ``checkpoint_every`` (tokens) and ``ctx_checkpoints_bytes``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
+import ctypes
 import os
+import random
 import threading
-import time
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
-from .engine import devices as _devices
-from .native.binding import _internals, llama_cpp
+from . import completion as _completion
+from . import state as _state
 from .engine import checkpoints as _ckpt
+from .engine import contexts as _contexts
+from .engine import devices as _devices
 from .engine import rpc as _rpc
-from .guard import RequestGuard
+from .engine import sampling as _sampling
 from .engine.contexts import split_mode_value
+from .engine.core import Engine
+from .engine.drafting import AdaptiveLength
 from .engine.gguf_meta import check_complete, read_keys
-from .engine.draft_model import AdaptiveLength, DraftStatsReport, MTPDraftModel
-from .engine.mtp import DraftStats, MTPDrafter
-from .native.params import check_fields, set_fields
+from .engine.request import DraftStats, Request, timings_of
+from .engine.samplers import SamplingParams
 from .engine.workspace import MODES as WORKSPACE_MODES
 from .engine.workspace import Workspace
+from .errors import GrammarError
+from .native.binding import _internals, llama_cpp
+from .native.params import check_fields, set_fields
 
-__all__ = ["Llama", "MTPDraftModel", "DraftStatsReport", "RequestGuard"]
+__all__ = ["Llama", "DraftStatsReport"]
 
 DRAFT_KINDS = ("mtp",)
-# the binding's completion generator, whose max_tokens bounds a request's drafts
-_COMPLETION = inspect.signature(llama_cpp.Llama._create_completion)
+#: drafts a binding draft model (prompt lookup, ...) may give per step at most
+PROPOSER_MAX = 10
+#: a closed generator waits this long at most for its request to end (one engine step)
+CLOSE_WAIT_S = 60.0
+
 
 def _gguf_nextn_layers(path: str) -> tuple:
     """(architecture, nextn_predict_layers) from the file's metadata, without loading it."""
@@ -75,28 +87,26 @@ def _gguf_nextn_layers(path: str) -> tuple:
     return arch, int(n)
 
 
-def _timings(n_prompt: int, cache_n: int, prompt_n: int, predicted_n: int, t0: float,
-             t_first: Optional[float], t_end: float, t_encoded: Optional[float] = None) -> dict:
-    """A request's figures (see :meth:`Llama.timings`); ``t_encoded``: when a drafting request's
-    prompt, all but its held-back last token, was decoded on both contexts (else None)."""
-    t_first = t_end if t_first is None else t_first
-    if t_encoded is None:  # the prompt phase ends with the first token, the decode phase follows it
-        n_prompt_phase, t_split, n_decode = prompt_n, t_first, max(predicted_n - 1, 0)
-    else:  # llama-speculative-simple's phases: the held-back token's step opens the decode phase
-        n_prompt_phase, t_split, n_decode = max(prompt_n - 1, 0), t_encoded, predicted_n
-    prompt_s, predicted_s = t_split - t0, t_end - t_split
-    return {
-        "prompt_tokens": n_prompt,
-        "cache_n": cache_n,
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_s * 1e3,
-        "prompt_tokens_per_s": n_prompt_phase / prompt_s if n_prompt_phase and prompt_s > 0 else 0.0,
-        "ttft_ms": (t_first - t0) * 1e3,
-        "predicted_n": predicted_n,
-        "predicted_ms": predicted_s * 1e3,
-        "decode_tokens": n_decode,
-        "decode_tokens_per_s": n_decode / predicted_s if n_decode and predicted_s > 0 else 0.0,
-    }
+class DraftStatsReport:
+    """Draft statistics: ``last`` (the request that ended last) and ``total`` (since the model loaded)."""
+
+    def __init__(self, engine_fn) -> None:
+        self._engine = engine_fn
+
+    @property
+    def last(self) -> DraftStats:
+        e = self._engine()
+        return e.last.stats if e is not None and e.last is not None else DraftStats()
+
+    @property
+    def total(self) -> DraftStats:
+        e = self._engine()
+        return e.total if e is not None else DraftStats()
+
+    def __repr__(self) -> str:
+        last, total = self.last, self.total
+        return (f"DraftStatsReport(last={last} acceptance={last.acceptance:.3f}, "
+                f"total={total} acceptance={total.acceptance:.3f})")
 
 
 class _WithOurFields:
@@ -122,18 +132,49 @@ class _WithOurFields:
         obj.__dict__[self.slot] = params
 
 
+class _SlotZero:
+    """``n_tokens`` / ``input_ids``: the binding's single sequence is the engine's slot 0 (what the
+    low-level ``eval`` extends and ``save_state`` saves); before the engine exists, a plain value."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        engine = obj.__dict__.get("_engine")
+        if engine is None:
+            return obj.__dict__.get("_" + self.name)
+        slot = engine.slots[0]
+        return slot.n if self.name == "n_tokens" else slot.tokens
+
+    def __set__(self, obj, value) -> None:
+        engine = obj.__dict__.get("_engine")
+        if engine is None:
+            obj.__dict__["_" + self.name] = value
+        elif self.name == "n_tokens":
+            obj._cut_session(int(value))
+        else:
+            slot = engine.slots[0]
+            n = min(len(value), len(slot.tokens))
+            slot.tokens[:n] = np.asarray(value[:n], dtype=np.intc)
+
+
 class Llama(llama_cpp.Llama):
-    """llama-cpp-python's ``Llama`` with MTP drafting, named devices and the workspace.
+    """llama-cpp-python's ``Llama`` on the engine, with MTP drafting, named devices and the workspace.
 
     See the module docstring for the new keyword arguments; every other argument is
     ``llama_cpp.Llama``'s. Extra attributes: :attr:`draft_stats`, :meth:`workspace_stats`,
-    :meth:`timings`.
+    :meth:`timings`, :meth:`slots`, :meth:`checkpoint_stats`.
 
-    Thread safety: one instance may be used from several threads, its requests are serialized
-    by a per-instance :class:`RequestGuard` held by :meth:`generate` (from its first ``next``
-    until the generator ends, is closed or is garbage-collected, on whichever thread that
-    happens) and by :meth:`eval`, so a second thread waits for the first request.
+    Threads: completions from several threads on one instance run together on the engine, up to
+    ``n_seq_max`` at once, the rest waiting their turn. The binding's single-sequence calls
+    (``eval``, ``sample``, ``reset``, ``save_state``, ``load_state``, ``n_tokens``,
+    ``input_ids``) act on the engine's slot 0, each once no request runs.
     """
+
+    n_tokens = _SlotZero()
+    input_ids = _SlotZero()
 
     def __init__(
         self,
@@ -150,33 +191,25 @@ class Llama(llama_cpp.Llama):
         workspace_mode: str = "alias",
         allow_unsafe_workspace: bool = False,
         n_seq_max: int = 1,
+        kv_unified: bool = False,
         ctx_checkpoints: int = _ckpt.DEFAULT_CTX_CHECKPOINTS,
         checkpoint_every: int = _ckpt.DEFAULT_CHECKPOINT_EVERY,
         ctx_checkpoints_bytes: int = _ckpt.DEFAULT_CHECKPOINT_BYTES,
         **kwargs,
     ):
-        # Serializes requests from several threads (see the class docstring): the target, the
-        # draft context and their shared workspace must see one request at a time (two
-        # concurrent ones abort in ggml).
-        self._guard = RequestGuard()
-        self._request_counts = None  # [cache_n, prompt_n] of the request being generated
-        self._mtp: Optional[MTPDraftModel] = None
+        self._engine: Optional[Engine] = None
         self._draft_ctx = None
         self._workspace: Optional[Workspace] = None
-        self.draft_stats = DraftStatsReport()
-        self._timings = _timings(0, 0, 0, 0, 0.0, 0.0, 0.0)
-        self._in_request = False  # inside _generate_held
-        self._t_encoded = None    # when the request's prompt was decoded (drafting: its held-back token aside)
-        self._budgets = threading.local()  # .next: max_tokens of the completion about to generate
-        self._verifying = False   # the request's prompt is evaluated: every row is sampled now
-        # prompt reuse through checkpoints (a recurrent target with drafting); checks arguments
-        self._reuse = _ckpt.PromptReuse(ctx_checkpoints, checkpoint_every, ctx_checkpoints_bytes)
+        self._seed_lock = threading.Lock()
+        self._local = threading.local()    # .request: this thread's last completion
+        self._last_logits: Optional[np.ndarray] = None  # the low-level eval's last row (for sample)
+        self.draft_stats = DraftStatsReport(lambda: self._engine)
 
         # arguments first: a clear ValueError before anything is loaded
         if draft is not None and draft not in DRAFT_KINDS:
             raise ValueError(f"draft={draft!r}: the supported kinds are {DRAFT_KINDS} (or None)")
         adaptive = draft_max == "auto"
-        if adaptive:  # the length adapts per step (draft_model.AdaptiveLength), up to its cap
+        if adaptive:  # the length adapts per step (engine.drafting.AdaptiveLength), up to its cap
             draft_max = AdaptiveLength.CAP
         if isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1:
             raise ValueError(f"draft_max must be an integer >= 1 or 'auto', got {draft_max!r}")
@@ -192,10 +225,16 @@ class Llama(llama_cpp.Llama):
             raise ValueError(f"Model path does not exist: {model_path}")
         if os.path.getsize(model_path) == 0:
             raise ValueError(f"Model file is empty: {model_path}")
-
         if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, int) or n_seq_max < 1:
             raise ValueError(f"n_seq_max must be an integer >= 1, got {n_seq_max!r}")
-        model_fields, context_fields = {}, {"n_seq_max": n_seq_max}
+        for name, value in (("ctx_checkpoints", ctx_checkpoints), ("ctx_checkpoints_bytes", ctx_checkpoints_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be an integer >= 0 (0: only at the end of each "
+                             f"prompt), got {checkpoint_every!r}")
+
+        model_fields = {}
         self._device_list = None
         self._rpc = _rpc.connect(rpc_servers)  # ValueError for a bad or unreachable server
         local = None
@@ -212,7 +251,10 @@ class Llama(llama_cpp.Llama):
             model_fields["devices"] = self._device_list.pointer
         if split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:  # devices, flash attention, host KV
             _devices.check_tensor_split(self._device_list, kwargs)
+        proposer = kwargs.pop("draft_model", None)  # the binding's own (prompt lookup, ...)
         if draft == "mtp":
+            if proposer is not None:
+                raise ValueError("draft='mtp' and draft_model=... both give a draft model: choose one")
             arch, n_nextn = _gguf_nextn_layers(model_path)
             if n_nextn < 1:
                 raise ValueError(
@@ -220,26 +262,26 @@ class Llama(llama_cpp.Llama):
                     f"({arch}.nextn_predict_layers is missing or 0). Use draft=None, or an MTP model "
                     f"(qwen35, qwen3next, glm4-moe, deepseek2, ...)")
             model_fields["load_mtp"] = True
-            context_fields["n_rs_seq"] = draft_max  # recurrent targets roll back rejected drafts
             n_ubatch = kwargs.get("n_ubatch", 512)
             if draft_max + 1 > min(kwargs.get("n_batch", 512), n_ubatch):
                 raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} "
                                  "tokens must fit n_batch and n_ubatch")
+        elif proposer is not None:
+            draft_max = min(PROPOSER_MAX, kwargs.get("n_batch", 512) - 1)
 
-        draft_model = kwargs.pop("draft_model", None)  # the binding's own (prompt lookup, ...)
-        if draft == "mtp":
-            if draft_model is not None:
-                raise ValueError("draft='mtp' and draft_model=... both give a draft model: choose one")
-            draft_model = MTPDraftModel.__new__(MTPDraftModel)  # set up once the model is loaded
+        self._draft_max = draft_max if (draft == "mtp" or proposer is not None) else 0
+        # n_seq_max, rollback snapshots and llama-server's output rows (engine.contexts)
+        context_fields, self._draft_fields = _contexts.context_fields(
+            n_seq_max=n_seq_max, draft_max=self._draft_max,
+            n_batch=kwargs.get("n_batch", 512), logits_all=bool(kwargs.get("logits_all", False)))
+        if kv_unified:
+            context_fields["kv_unified"] = True
         # llama_cpp.Llama.__init__ makes its params with the binding's default-params calls and
         # assigns them to self.model_params / self.context_params before it loads anything: the
         # properties below add our fields there, on this instance alone (no other thread or
         # instance can see them), by the names the structs declare
         self._model_fields, self._context_fields = model_fields, context_fields
-        super().__init__(
-            model_path, *args, split_mode=split, tensor_split=tensor_split,
-            draft_model=draft_model, **kwargs,
-        )
+        super().__init__(model_path, *args, split_mode=split, tensor_split=tensor_split, **kwargs)
         # what llama.cpp was given is what we asked for (a binding that built its params some
         # other way would otherwise lose them silently)
         check_fields(self.model_params, model_fields, "llama_model_params")
@@ -248,251 +290,288 @@ class Llama(llama_cpp.Llama):
             if name in context_fields and int(getter(self._ctx.ctx)) < context_fields[name]:
                 raise RuntimeError(f"the context has {name}={int(getter(self._ctx.ctx))}, "
                                    f"{context_fields[name]} was asked for")
+        self.draft_model = proposer
 
         if draft == "mtp":
-            # the binding turns logits_all on whenever a draft model is set: logits for every
-            # prompt token (n_tokens x n_vocab computed and copied). Drafting reads only what
-            # sampling reads (see _eval_drafting); logits_all and logprobs stay the user's choice
-            self._logits_all = bool(kwargs.get("logits_all", False))
-            self._setup_mtp(draft_max, float(draft_p_min), phase_aware_workspace, workspace_mode,
-                            allow_unsafe_workspace)
-            self._mtp.length = AdaptiveLength() if adaptive else None
-            # a recurrent state can be cut back only inside its last decode: reuse checkpoints
-            self._reuse.active = bool(self._is_recurrent or self._is_hybrid)
+            # the draft context is the target's, as llama.cpp derives it: the same KV types, flash
+            # attention, offload, threads and sizes; an MTP context with no rollback snapshots
+            cp = _contexts.draft_context_params(self.context_params, self._draft_fields)
+            self._draft_ctx = self._stack.enter_context(contextlib.closing(
+                _internals.LlamaContext(model=self._model, params=cp, verbose=self.verbose)))
+        self._engine = Engine(self._ctx, self._draft_ctx, n_slots=n_seq_max,
+                              draft_max=max(self._draft_max, 1), adaptive=adaptive, p_min=float(draft_p_min),
+                              proposer=proposer, ctx_checkpoints=ctx_checkpoints,
+                              checkpoint_every=checkpoint_every, ctx_checkpoints_bytes=ctx_checkpoints_bytes,
+                              after_decode=self._after_decode)
+        self._stack.callback(self._engine.close)  # before the contexts go (LIFO)
+        if draft == "mtp" and phase_aware_workspace and workspace_mode != "off":
+            n_decode = n_seq_max * (draft_max + 1)
+            self._workspace = Workspace(self._ctx, self._draft_ctx, mode=workspace_mode,
+                                        n_decode_tokens=n_decode, allow_unsafe=allow_unsafe_workspace)
+            self._engine.workspace = self._workspace
+            self._stack.callback(self._workspace.close)  # before the engine stops (LIFO)
         self._rpc.check(self._ctx.ctx)  # the weights reached every server
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")
     context_params = _WithOurFields("_context_fields")
 
+    def n_ctx_slot(self) -> int:
+        """The context one request has: a slot's (``n_ctx``, or ``n_ctx / n_seq_max`` without
+        ``kv_unified``)."""
+        return self._engine.n_ctx_seq
+
+    @property
+    def drafting(self) -> bool:
+        """The engine drafts: with the MTP head (``draft="mtp"``) or a binding draft model."""
+        return self._draft_max > 0
+
+    def _after_decode(self, which: str) -> None:
+        self._rpc.check(self._ctx.ctx)  # every command answered, none dropped (patch 0019)
+
     # ---------------------------------------------------------------------------------------
-
-    def _setup_mtp(self, draft_max, p_min, phase_aware, mode, allow_unsafe) -> None:
-        # the draft context is the target's, as llama.cpp derives it: the same KV types, flash
-        # attention, offload, threads and sizes; an MTP context with no rollback snapshots
-        tp = self.context_params
-        cp = type(tp).from_buffer_copy(tp)
-        set_fields(cp, dict(ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0))
-        self._draft_ctx = self._stack.enter_context(contextlib.closing(
-            _internals.LlamaContext(model=self._model, params=cp, verbose=self.verbose)))
-        drafter = MTPDrafter(self._ctx, self._draft_ctx, draft_max=draft_max, p_min=p_min)
-        self._stack.callback(drafter.close)
-        # the draft model object was handed to llama_cpp.Llama before the model existed
-        self.draft_model.__init__(drafter, self.draft_stats)
-        self._mtp = self.draft_model
-        if phase_aware and mode != "off":
-            n_decode = self.context_params.n_seq_max * (draft_max + 1)
-            self._workspace = Workspace(self._ctx, self._draft_ctx, mode=mode,
-                                        n_decode_tokens=n_decode, allow_unsafe=allow_unsafe)
-            self._stack.callback(self._workspace.close)  # before the contexts go (LIFO)
-
-    def eval(self, tokens: Sequence[int]):
-        """Evaluate tokens on the target; with MTP drafting, feed the draft context too."""
-        with self._guard.hold():  # one request at a time (see the class docstring)
-            counts = self._request_counts
-            if counts is not None and counts[0] is None:
-                # the request's first evaluation: what the binding kept of the last prompt
-                counts[0], counts[1] = self.n_tokens, len(tokens)
-            try:
-                out = self._eval_locked(tokens)
-            except RuntimeError:  # llama_decode failed: a lost RPC server is what to name
-                self._rpc.check()
-                raise
-            self._rpc.check(self._ctx.ctx)  # every command answered, none dropped (patch 0019)
-            return out
-
-    def _eval_locked(self, tokens: Sequence[int]):
-        if self._mtp is None:
-            return super().eval(tokens)
-        return self._eval_drafting(tokens)
-
-    def _eval_drafting(self, tokens: Sequence[int]) -> None:
-        """The target decodes ``tokens``; the draft context follows it.
-
-        Logits are asked for where the binding's sampling reads them and nowhere else (unless
-        ``logits_all``): every position of a request's evaluations after its prompt (the
-        sampled token and its drafts), the last token of a plain ``eval``. A request's prompt
-        is decoded as llama.cpp's draft-mtp does it: its last token is held back, the head
-        drafts from it, and ``[last, drafts...]`` is decoded in one batch, every row sampled
-        by the binding (which keeps the drafts equal to what it samples). No logits are
-        copied: the sampler reads llama.cpp's own rows.
-        """
-        self._mtp.sync(self.n_tokens)
-        self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
-        # after a request's prompt, each evaluation is [sampled token, drafts...] (or what a
-        # caller sent into the generator), every position of which the binding samples
-        prompt = self._in_request and not self._verifying
-        every_row = self._logits_all or self._verifying
-        self._verifying = self._in_request
-        tokens = list(tokens)
-        # chunks of n_batch at most; a request's prompt ends one at each checkpoint position but
-        # the one read from the rollback snapshots (not with every row: llama then splits a
-        # batch into ubatches without keeping its last tokens together)
-        reach = 0 if every_row else self._mtp.drafter.rollback_states
-        for start, n, backs in self._reuse.chunks(self.n_tokens, len(tokens), self.n_batch, prompt,
-                                                  held_back=1 if prompt else 0, reach=reach):
-            # a prompt's chunks need no logits: the held-back token's batch below gives them
-            self._decode_chunk(tokens[start : start + n], "all" if every_row else "none" if prompt else "last")
-            for back in backs:
-                self._reuse.save(self, back)
-        if prompt and tokens:
-            self._t_encoded = time.perf_counter()  # llama-speculative-simple's end of "encoded"
-            last, n_past = tokens[-1], self.n_tokens
-            self._decode_chunk([last] + self._mtp.draft_at(last, n_past), "all")
-        self._requires_eval = False
-
-    def _decode_chunk(self, chunk: List[int], rows: str) -> None:
-        """Decode ``chunk`` after ``n_tokens`` on the target, with logits for ``rows`` ("all",
-        "last", "none"; every row with ``logits_all``), and feed it to the draft context."""
-        n, n_past = len(chunk), self.n_tokens
-        every = self._logits_all or rows == "all"
-        self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=every)
-        if rows == "none" and not every:
-            self._batch.batch.logits[n - 1] = False
-        self._ctx.decode(self._batch)
-        self.input_ids[n_past : n_past + n] = chunk
-        if self._logits_all:  # the user asked for every row (logprobs): keep them, as the binding does
-            self.scores[n_past : n_past + n, :] = np.ctypeslib.as_array(
-                self._ctx.get_logits(), shape=(n, self._n_vocab))
-        self.n_tokens += n
-        self._mtp.target_decoded(chunk, n_past)
-
-    def checkpoint_stats(self) -> dict:
-        """Prompt reuse: :meth:`llama_metaws.engine.checkpoints.PromptReuse.stats`."""
-        return self._reuse.stats()
-
-    def generate(self, tokens, *args, **kwargs):
-        """``llama_cpp.Llama.generate``, timed; the draft statistics of this request start at zero.
-
-        The instance is held from the first ``next`` until the generator ends, is closed or is
-        garbage-collected, on whichever thread each of those happens (see :class:`RequestGuard`).
-        """
-        if self._guard.inside():
-            # called from inside the request being run (a logits processor, a chat handler's
-            # second completion): it already holds the instance
-            yield from self._generate_held(tokens, *args, **kwargs)
-            return
-        ticket = self._guard.acquire()
-        inner = self._generate_held(tokens, *args, **kwargs)
-        try:
-            with self._guard.running(ticket):
-                token = next(inner)
-            while True:
-                sent = yield token  # suspended: the instance stays held, no thread is marked
-                with self._guard.running(ticket):
-                    token = inner.send(sent)
-        except StopIteration:
-            pass
-        finally:
-            try:
-                with self._guard.running(ticket):
-                    inner.close()
-            finally:
-                self._guard.release(ticket)
+    # completions and generation: engine requests
 
     def _create_completion(self, *args, **kwargs):
-        """The binding's completion generator; its ``max_tokens`` bounds the request's drafts."""
-        max_tokens = _COMPLETION.bind(self, *args, **kwargs).arguments.get("max_tokens")
-        budget = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None
-        return self._with_budget(super()._create_completion(*args, **kwargs), budget)
+        """The binding's completion generator, answered by the engine (:mod:`llama_metaws.completion`)."""
+        return _completion.completion(self, *args, **kwargs)
 
-    def _with_budget(self, inner, budget):
-        # runs from the first next(), on that thread, which then starts generate() inside `inner`
-        self._budgets.next = budget
-        try:
-            return (yield from inner)
-        finally:  # a completion that failed before generate() started leaves no stale budget
-            self._budgets.next = None
+    def _request_seed(self, seed: Optional[int]) -> int:
+        """A completion's seed as the binding picks it: the one given, else the next of the
+        instance's sequence (``set_seed`` sets where it goes on from)."""
+        with self._seed_lock:
+            seed = seed if seed is not None else random.Random(self._seed).randint(0, 2**32)
+            self._seed = seed
+            return seed
 
-    def _generate_held(self, tokens, *args, **kwargs):
-        self.draft_stats.last = DraftStats()
-        # the tokens this request may still take (None: unbounded); a step drafts one fewer at
-        # most, as llama-speculative-simple does, so no draft outlives the request
-        budget, self._budgets.next = getattr(self._budgets, "next", None), None
-        if self._mtp is not None:
-            self._mtp.remaining = budget
-        self._t_encoded = None
-        sampled = list(tokens)  # the prompt, then each token sampled (None: a caller sent tokens)
-        reuse = self._reuse.active and kwargs.get("reset", True)
-        if reuse:  # the live state, a rollback inside its snapshots, a checkpoint; else afresh
-            self._reuse.start(self, sampled[:])
-        n_prompt = len(tokens)
-        counts = self._request_counts = [None, 0]
-        t0 = time.perf_counter()
-        t_first, n_out = None, 0
-        inner = super().generate(tokens, *args, **kwargs)
-        self._in_request, self._verifying = True, False
+    @contextlib.contextmanager
+    def on_slot(self, slot: Optional[int]):
+        """The completions this thread makes in the block run on engine slot ``slot`` (llama-server's
+        ``id_slot``; waiting for it while it is busy); None: any."""
+        if slot is not None and not 0 <= slot < len(self._engine.slots):
+            raise ValueError(f"slot {slot}: this model has slots 0 to {len(self._engine.slots) - 1}")
+        before = getattr(self._local, "slot", None)
+        self._local.slot = slot
         try:
-            token = next(inner)
-            while True:
-                if t_first is None:
-                    t_first = time.perf_counter()
-                n_out += 1
-                if budget is not None and self._mtp is not None:
-                    self._mtp.remaining = budget - n_out
-                if sampled is not None:
-                    sampled.append(token)
-                # the binding's protocol: a caller may send tokens to evaluate next; pass them on
-                sent = yield token
-                sampled = sampled if sent is None else None
-                token = inner.send(sent)
-        except StopIteration:
-            pass
-        except Exception as e:
-            sampled = None  # a failed request: nothing to settle (a closed generator is no failure)
-            if isinstance(e, RuntimeError):  # a decode failed (the draft's too): a lost RPC server?
-                self._rpc.check()
-            raise
+            yield
         finally:
-            inner.close()
-            self._in_request = self._verifying = False
-            if self._mtp is not None:
-                # before the reuse bookkeeping cuts the draft context (which would settle it)
-                self._mtp.end_request(sampled)
-                self._mtp.remaining = None
-            if reuse and sampled:
-                self._reuse.end(self, sampled)
-            t_end = time.perf_counter()
-            self._request_counts = None
-            cache_n = counts[0] or 0
-            self._timings = _timings(n_prompt, cache_n, counts[1], n_out, t0, t_first, t_end, self._t_encoded)
+            self._local.slot = before
+
+    def _slot_wanted(self) -> Optional[int]:
+        return getattr(self._local, "slot", None)
+
+    def _began(self, request: Request) -> None:
+        self._local.request = request
+
+    def _ended(self, request: Request) -> None:
+        pass
+
+    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 penalize_nl: bool = True, logits_processor=None, stopping_criteria=None, grammar=None):
+        """``llama_cpp.Llama.generate`` on the engine: the tokens that follow ``tokens``, one by one,
+        until the generator is closed (or the context is full). A prefix of ``tokens`` that the
+        engine holds is reused. Tokens sent into the generator are evaluated after the last one
+        yielded, as the binding does (the request goes on as a new one over the prefix held)."""
+        sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+                                  repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                  presence_penalty=presence_penalty, mirostat_mode=mirostat_mode,
+                                  mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+                                  penalty_last_n=self.last_n_tokens_size, seed=self._seed, grammar=grammar,
+                                  logits_processor=list(logits_processor) if logits_processor else None)
+        history = [int(t) for t in tokens]
+        while True:
+            req = Request(history, sampling, stopping_criteria=stopping_criteria, stop_at_eog=False,
+                          throttle=True)
+            self._began(req)
+            self._engine.submit(req)
+            sent = None
+            try:
+                for out in req.outputs():
+                    for token in out.tokens:
+                        req.consumed(1)
+                        sent = yield token
+                        history.append(token)
+                        if sent is not None:
+                            break
+                    if sent is not None:
+                        break
+            finally:
+                req.cancel("closed", wait=CLOSE_WAIT_S)  # the slot is free when this returns
+            if sent is None:
+                return
+            history.extend(int(t) for t in sent)
+
+    # ---------------------------------------------------------------------------------------
+    # the binding's single sequence: slot 0, while no request runs
+
+    def _cut_session(self, n: int) -> None:
+        """``n_tokens = n``: slot 0 holds its first ``n`` positions (fewer: cut back, or for a
+        recurrent target that cannot cut there, emptied)."""
+        def cut():
+            slot = self._engine.slots[0]
+            if n >= slot.n:
+                return
+            if n <= 0 or not self._engine.seq_rm(0, n):
+                self._engine.clear_sequence(slot)
+            else:
+                slot.keep(n, slot.row(n - 1))
+        self._engine.exclusive(cut)
+
+    def reset(self):
+        """Slot 0 holds nothing (the binding's ``reset``)."""
+        self._requires_eval = True
+        if self._engine is not None:
+            self._engine.exclusive(lambda: self._engine.clear_sequence(self._engine.slots[0]))
+        else:
+            self.__dict__["_n_tokens"] = 0
+
+    def eval(self, tokens: Sequence[int]):
+        """Evaluate ``tokens`` after slot 0's ``n_tokens`` (the binding's ``eval``; with MTP
+        drafting the draft context follows). Logits: the last row (for :meth:`sample`), every row
+        into ``scores`` with ``logits_all``."""
+        tokens = [int(t) for t in tokens]
+
+        def run():
+            rows = self._engine.eval_session(tokens, every_row=self._logits_all)
+            n = self.n_tokens
+            if self._logits_all:
+                self.scores[n - len(tokens) : n, :] = rows
+            self._last_logits = rows[-1].copy() if len(rows) else self._last_logits
+        try:
+            self._engine.exclusive(run)
+        except RuntimeError:  # llama_decode failed: a lost RPC server is what to name
+            self._rpc.check()
+            raise
+        self._requires_eval = False
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
+               mirostat_eta: float = 0.1, mirostat_tau: float = 5.0, penalize_nl: bool = True,
+               logits_processor=None, grammar=None, idx: Optional[int] = None):
+        """A token from the last row :meth:`eval` computed (the binding's ``sample``; ``idx``: a row
+        of ``scores`` with ``logits_all``)."""
+        assert self.n_tokens > 0
+        row = self._last_logits if idx is None or not self._logits_all else self.scores[idx]
+        if row is None:
+            raise RuntimeError("nothing to sample: eval() tokens first")
+        sampler = self._init_sampler(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
+                                     repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                     presence_penalty=presence_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
+                                     mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+                                     penalize_nl=penalize_nl, logits_processor=logits_processor, grammar=grammar)
+        try:
+            cur = self._candidates
+            cur.copy_logits(np.asarray(row, dtype=np.single))
+            llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(cur.candidates))
+            selected = int(cur.candidates.selected)
+            if not 0 <= selected < int(cur.candidates.size) or \
+                    not np.isfinite(cur.candidates.data[selected].logit):
+                raise GrammarError("no token is left to sample: the grammar (or a bias) rules out every one")
+            token = int(cur.candidates.data[selected].id)
+            _sampling.accept(sampler.sampler, token)  # what llama.cpp throws is an exception here
+            return token
+        finally:
+            sampler.close()
+
+    def check_grammar(self, grammar: str, root: str = "root") -> None:
+        """Parse a GBNF grammar against this model's vocabulary, as llama.cpp will when it samples
+        with it; :class:`~llama_metaws.errors.GrammarError` (a ``ValueError``) with llama.cpp's
+        parse message when it cannot. Safe from any thread: it reads the vocabulary only."""
+        _sampling.check_grammar(grammar, self._model.vocab, root)
+
+    def _init_sampler(self, *args, grammar=None, **kwargs):
+        """The binding's sampler chain (for the low-level :meth:`sample`), whose sample and accept
+        cannot end the process (:class:`~llama_metaws.engine.sampling.CheckedSampler`); a grammar
+        is parsed first: llama.cpp returns NULL for one that does not parse, which the binding
+        would add to the chain."""
+        if grammar is not None:
+            self.check_grammar(grammar._grammar, grammar._root)
+        return _sampling.CheckedSampler.adopt(super()._init_sampler(*args, grammar=grammar, **kwargs))
 
     def save_state(self) -> "llama_cpp.LlamaState":
-        """The binding's state; with drafting, the draft context's too (``LlamaRAMCache`` works)."""
-        with self._guard.hold():
-            state = super().save_state()
-            return state if self._mtp is None else _ckpt.save_draft_state(self, state)
+        """The binding's state of slot 0 (the whole context); with drafting, the draft context's too."""
+        return self._engine.exclusive(lambda: _state.save(self, super(Llama, self).save_state))
 
     def load_state(self, state: "llama_cpp.LlamaState") -> None:
         """The binding's; with drafting, a drafting Llama's state (the draft context's is restored)."""
-        with self._guard.hold():
-            _ckpt.check_draft_state(self, state)
-            super().load_state(state)
-            _ckpt.load_draft_state(self, state)
+        _state.check(self, state)
+        self._engine.exclusive(lambda: _state.load(self, state))
+
+    def _cache_lookup(self, tokens: List[int]) -> None:
+        """``set_cache``: a cached state holding more of ``tokens`` than slot 0 does is loaded."""
+        try:
+            item = self.cache[tokens]
+        except KeyError:
+            return
+        held = self.input_ids[: self.n_tokens].tolist()
+        if llama_cpp.Llama.longest_token_prefix(item.input_ids.tolist(), tokens) > \
+                llama_cpp.Llama.longest_token_prefix(held, tokens):
+            self.load_state(item)
+
+    def _cache_store(self, tokens: List[int]) -> None:
+        self.cache[tokens] = self.save_state()
+
+    # ---------------------------------------------------------------------------------------
+    # what it reports
 
     def workspace_stats(self):
-        """Per compute buffer type: requirements, bytes allocated, generation, grows/shrinks."""
+        """Per compute buffer type: requirements, bytes allocated, generation, grows/shrinks (read
+        on the engine's thread between two steps)."""
         if self._workspace is None:
             return []
-        return self._workspace.stats()
+        return self._engine.between_steps(self._workspace.stats)
+
+    def checkpoint_stats(self) -> dict:
+        """Prompt reuse through checkpoints, summed over the slots."""
+        e = self._engine
+        per = [s.checkpoints.stats() for s in e.slots]
+        out = {k: sum(p[k] for p in per) for k in ("count", "bytes", "saved", "restored", "evicted", "skipped")}
+        out.update(max_count=per[0]["max_count"], max_bytes=per[0]["max_bytes"],
+                   positions=sorted(x for p in per for x in p["positions"]),
+                   enabled=e.recurrent and per[0]["max_count"] > 0 and per[0]["max_bytes"] > 0,
+                   every=e.reuse.every)
+        return out
+
+    def engine_stats(self) -> dict:
+        """The engine's steps so far, the target's and the draft's graphs (ubatches) over them, and
+        the most slots busy in one step."""
+        e = self._engine
+        return {"steps": e.steps, "graphs_target": e.graphs_target, "graphs_draft": e.graphs_draft,
+                "slots": len(e.slots), "slots_busy_max": e.peak_busy}
+
+    def draft_lengths(self) -> dict:
+        """The draft lengths the engine's steps asked for since the model loaded (0: a plain
+        decode step) and how often."""
+        return dict(self._engine.lengths)
+
+    def slots(self) -> list:
+        """Each slot's state (llama-server's ``GET /slots`` fields)."""
+        return self._engine.slot_states()
 
     def timings(self) -> dict:
-        """The last request's prompt and decode figures.
+        """The figures of the completion this thread ran last (else of the request that ended last).
 
-        ``prompt_tokens`` (the whole prompt), ``cache_n`` (of those, kept from the last request:
-        not evaluated again), ``prompt_n`` (evaluated), ``ttft_ms`` (until the first token),
-        ``predicted_n`` (tokens sampled, the first included), and the two phases:
-        ``prompt_ms``/``prompt_tokens_per_s``, then ``predicted_ms`` with ``decode_tokens`` and
-        ``decode_tokens_per_s`` (``decode_tokens`` over ``predicted_ms``).
-
-        Without drafting the prompt phase ends with the first token (as llama-bench's pp and the
-        binding count it), and ``decode_tokens`` are the tokens after the first one. With
-        ``draft="mtp"`` the phases are llama-speculative-simple's: the prompt's last token is held
-        back and decoded with the first draft, so the prompt phase is the ``prompt_n - 1`` tokens
-        before it, decoded on the target and the draft context, and the decode phase is every
-        step after it, all ``predicted_n`` tokens; ``ttft_ms`` then includes the first step.
+        ``prompt_tokens`` (the whole prompt), ``cache_n`` (of those, kept from an earlier request:
+        not evaluated again), ``prompt_n`` (evaluated), ``ttft_ms`` (from the request's start on a
+        slot to its first token), ``queue_ms`` (waiting for a slot), ``predicted_n`` (tokens
+        sampled), and the two phases: ``prompt_ms``/``prompt_tokens_per_s``, then
+        ``predicted_ms`` with ``decode_tokens`` and ``decode_tokens_per_s``. Without drafting the
+        prompt phase ends with the first token (as llama-bench's pp counts it) and
+        ``decode_tokens`` are the tokens after the first one; with ``draft="mtp"`` the phases are
+        llama-speculative-simple's: the prompt's last token is held back and decoded with the
+        first draft, so the prompt phase is the ``prompt_n - 1`` tokens before it and the decode
+        phase every step after it. ``draft_n`` / ``draft_n_accepted``: the request's drafts;
+        ``draft_lengths``: the draft lengths its steps asked for (0: a plain decode step) and how
+        often, ``plain_steps_share`` the share of plain steps.
         """
-        return dict(self._timings)
+        r = getattr(self._local, "request", None) or (self._engine.last if self._engine is not None else None)
+        if r is None:
+            return timings_of(Request([0]))
+        return timings_of(r)
 
     def __enter__(self) -> "Llama":
         return self
@@ -504,5 +583,4 @@ class Llama(llama_cpp.Llama):
         """Free everything; closing twice is harmless."""
         if getattr(self, "_stack", None) is None:  # __init__ raised before the binding's ran
             return
-        self._mtp = None
         super().close()

@@ -15,6 +15,8 @@
 #define LMWS_ENOMEM     -3
 #define LMWS_ENOTSUP    -4
 #define LMWS_EFAILED    -5
+#define LMWS_EGRAMMAR   -6   // a grammar that does not parse, or that no token can continue
+#define LMWS_ESAMPLER   -7   // llama.cpp's sampler threw (caught in sampler.cpp)
 
 // lmws_workspace_attach: the contexts cannot share (not an error: both stay private)
 #define LMWS_NOT_ELIGIBLE 1
@@ -77,6 +79,13 @@ int lmws_rpc_register_device(ggml_backend_dev_t dev);
 int lmws_rpc_server_ok(const char * endpoint, bool * ok);
 int lmws_rpc_start_server(const char * endpoint, const char * cache_dir, size_t n_threads,
                           ggml_backend_dev_t * devices, size_t n_devices);
+
+// grammars and sampling that never let a C++ exception out (sampler.cpp): a grammar's parse
+// error as the message; llama_sampler_sample's steps with a check that some token is left
+// before accepting; accept that asks the chain's grammars first
+int lmws_grammar_check(const struct llama_vocab * vocab, const char * grammar, const char * root);
+int lmws_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx, llama_token * out);
+int lmws_sampler_accept(struct llama_sampler * smpl, llama_token token);
 
 #ifdef __cplusplus
 }

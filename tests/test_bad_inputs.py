@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from llama_metaws.errors import GrammarError
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bad-inputs.md"
 KW = dict(n_ctx=128, n_batch=32, n_ubatch=32, verbose=False)
 
@@ -37,6 +39,15 @@ def _llama(env, path=None, **kw):
     from llama_metaws import Llama
 
     return Llama(path or env.mtp, **{**KW, **kw}).close()
+
+
+def _complete_with_grammar(env, text):
+    from llama_metaws import Llama
+    from llama_metaws.native.binding import llama_cpp
+
+    with Llama(env.plain, **KW) as llm:
+        llm.create_completion("0 1", max_tokens=4, temperature=0,
+                              grammar=llama_cpp.LlamaGrammar.from_string(text, verbose=False))
 
 
 def _contexts(env):
@@ -66,12 +77,14 @@ def _workspace_foreign(env):
     Workspace(object(), object())
 
 
-def _drafter(env, prompt=(1, 2, 3), **kw):
-    from llama_metaws.engine.mtp import MTPDrafter
+def _engine(env, prompt=(1, 2, 3), **kw):
+    from llama_metaws.engine.core import Engine
+    from llama_metaws.engine.request import Request
 
     model, target, draft = _contexts(env)
     try:
-        MTPDrafter(target, draft, **kw).generate(list(prompt), 4)
+        with Engine(target, draft, **kw) as engine:
+            engine.submit(Request(list(prompt), max_tokens=4)).wait(60)
     finally:
         draft.close()
         target.close()
@@ -91,18 +104,19 @@ def _compute_buffers_closed(env):
 
 
 def _injected_grow_failure(env):
-    from llama_metaws.engine.mtp import MTPDrafter
+    from llama_metaws.engine.core import Engine
     from llama_metaws.engine.workspace import Workspace, inject_alloc_failure
 
     model, target, draft = _contexts(env)
     ws = Workspace(target, draft, n_decode_tokens=4)
-    drafter = MTPDrafter(target, draft, draft_max=3)
+    drafter = Engine(target, draft, draft_max=3)
     try:
-        drafter.generate([1, 2, 3], 4)       # decode phase: the entry is decode-sized
+        drafter.complete([1, 2, 3], 4)       # decode phase: the entry is decode-sized
         inject_alloc_failure(1)              # the next prompt's grow fails
-        drafter.generate(list(range(60)), 4)
+        drafter.complete(list(range(60)), 4)
     finally:
         inject_alloc_failure(0)
+        drafter.close()
         ws.close()
         draft.close()
         target.close()
@@ -169,10 +183,10 @@ CASES = [
     ("Workspace(target, draft) on a closed draft context", _workspace_on_closed_draft, ValueError,
      r"draft context is closed"),
     ("Workspace(object(), object())", _workspace_foreign, ValueError, r"target context is closed or not a llama context"),
-    ("MTPDrafter(draft_max=0)", lambda e: _drafter(e, draft_max=0), ValueError, r"draft_max must be"),
-    ("MTPDrafter(p_min=nan)", lambda e: _drafter(e, p_min=math.nan), ValueError, r"p_min must be in"),
-    ("MTPDrafter.generate([]) (an empty prompt)", lambda e: _drafter(e, prompt=()), ValueError, r"prompt is empty"),
-    ("MTPDrafter.generate([500]) (a token outside the vocabulary)", lambda e: _drafter(e, prompt=(500,)),
+    ("Engine(draft_max=0)", lambda e: _engine(e, draft_max=0), ValueError, r"draft_max must be"),
+    ("Engine(p_min=nan)", lambda e: _engine(e, p_min=math.nan), ValueError, r"p_min must be in"),
+    ("Request([]) (an empty prompt)", lambda e: _engine(e, prompt=()), ValueError, r"prompt is empty"),
+    ("Engine.submit(Request([500])) (a token outside the vocabulary)", lambda e: _engine(e, prompt=(500,)),
      ValueError, r"outside the vocabulary"),
     ("compute_buffers() of a closed context", _compute_buffers_closed, ValueError, r"NULL"),
     ("a decode whose workspace grow cannot be allocated", _injected_grow_failure, RuntimeError,
@@ -185,6 +199,13 @@ CASES = [
         e.tmp / "x.gguf", agreement=2.0), ValueError, r"agreement must be"),
     ("repro.run_case('cuda', 'alias')", lambda e: __import__("llama_metaws.tools.repro", fromlist=["x"]).run_case(
         "cuda", "alias"), ValueError, r"unknown case"),
+    ("Llama.create_completion(grammar='root ::= (') (a grammar that does not parse)",
+     lambda e: _complete_with_grammar(e, "root ::= ("), GrammarError, r"the grammar is not valid: expecting '\)'"),
+    ("Llama.create_completion(grammar=...) that no token of the vocabulary can continue",
+     lambda e: _complete_with_grammar(e, 'root ::= "{"'), GrammarError, r"no token can be sampled"),
+    ("engine.sampling.check_grammar('root ::= ' + '(' * 20000 + ...) (nested deeper than llama.cpp's stack allows)",
+     lambda e: __import__("llama_metaws.engine.sampling", fromlist=["x"]).check_grammar(
+         "root ::= " + "(" * 20000 + '"a"' + ")" * 20000), GrammarError, r"nests groups 20000 deep"),
     ("llama-metaws generate --draft-pmin 0.5 (an unknown flag)", _cli_unknown_flag, SystemExit,
      r"exit status 2: .*unrecognized arguments: --draft-pmin"),
 ]

@@ -1,5 +1,6 @@
 """The drafting path pays only what llama.cpp pays: no logits row for a prompt but the last, a draft on
-every step, the draft context derived from the target's, logprobs as without drafting."""
+every step, the draft context derived from the target's, logprobs as without drafting (and without
+logits_all), drafts sized to max_tokens, timings in llama.cpp's phases."""
 
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ import pytest
 import llama_cpp
 
 from llama_metaws import Llama
-from llama_metaws.engine.mtp import _top_probability
+from llama_metaws.engine.drafting import AdaptiveLength, top_probability as _top_probability
 from llama_metaws.testing import generate_n, make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
@@ -21,17 +22,32 @@ def half_path(models_dir):
 
 
 def _count_outputs(llm):
-    """Record, for each target decode, (tokens in the batch, positions asking for logits)."""
+    """Record, for each target decode of the engine, (tokens in the batch, positions asking for logits)."""
     seen = []
-    decode = llm._ctx.decode
+    engine = llm._engine
+    decode = engine.decode_target
 
-    def counting(batch):
-        b = batch.batch
-        seen.append((b.n_tokens, sum(1 for i in range(b.n_tokens) if b.logits[i])))
-        return decode(batch)
+    def counting(b, *args):
+        seen.append((b.n, b.n_outputs))
+        return decode(b, *args)
 
-    llm._ctx.decode = counting
+    engine.decode_target = counting
     return seen
+
+
+def _proposals(llm):
+    """Record each draft the MTP head is asked for: (tokens asked, tokens drafted)."""
+    calls = []
+    head = llm._engine.head
+    propose = head.propose
+
+    def counting(starts):
+        out = propose(starts)
+        calls.extend((n_max, len(out[seq])) for seq, _last, _pos, _row, n_max in starts)
+        return out
+
+    head.propose = counting
+    return calls
 
 
 def test_a_prompt_asks_llama_for_no_row_but_where_it_samples(half_path):
@@ -53,46 +69,31 @@ def test_a_prompt_asks_llama_for_no_row_but_where_it_samples(half_path):
         assert all(outputs == n for n, outputs in steps), steps
 
 
-def test_logits_all_asks_for_every_row(half_path):
+def test_a_completion_asks_for_the_sampled_rows_only_even_with_logits_all(half_path):
+    """logits_all keeps the binding's every-row scores for its low-level eval; a completion's
+    logprobs come from the rows sampling reads, so it asks for no more."""
     with Llama(half_path, draft="mtp", logits_all=True, **KW) as llm:
         seen = _count_outputs(llm)
         llm.create_completion(LONG_PROMPT, max_tokens=4, temperature=0.0)
-        assert seen and all(outputs == n for n, outputs in seen)
+        assert seen and all(outputs in (0, n) for n, outputs in seen) and seen[0][1] == 0
+        seen.clear()
+        tokens = llm.tokenize(b"the quick brown fox")
+        llm.reset()
+        llm.eval(tokens)  # the binding's eval with logits_all: every row, into scores
+        assert seen == [(len(tokens), len(tokens))]
+        assert np.isfinite(llm.scores[: len(tokens)]).all() and llm.n_tokens == len(tokens)
 
 
 def test_after_a_rejected_draft_the_next_step_drafts(half_path):
     with Llama(half_path, draft="mtp", draft_max=3, **KW) as llm:
-        calls = []
-        model = llm.draft_model
-        propose = model.drafter.propose
-
-        def counting(last, pos0, n_draft):
-            out = propose(last, pos0, n_draft)
-            calls.append((pos0, n_draft, len(out)))
-            return out
-
-        model.drafter.propose = counting
+        calls = _proposals(llm)
         llm.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)
         stats = llm.draft_stats.last
         assert 0 < stats.accepted < stats.drafted  # rejections happened
-        # the binding asks for a draft after every sampled step; each one drafted in full
-        assert len(calls) >= stats.steps and all(n == want == 3 for _, want, n in calls
-                                                 if want == 3), calls
-        empty = []
-        orig_call = type(model).__call__
-
-        def watching(self, input_ids, **kw):
-            out = orig_call(self, input_ids, **kw)
-            if len(out) == 0:
-                empty.append(len(input_ids))
-            return out
-
-        type(model).__call__ = watching
-        try:
-            llm.create_completion(LONG_PROMPT + " again", max_tokens=30, temperature=0.0)
-        finally:
-            type(model).__call__ = orig_call
-        assert empty == [], f"no draft at positions {empty}"
+        # a draft after every step, rejected or not; each one drafted in full
+        assert len(calls) >= stats.steps and all(n == want == 3 for want, n in calls if want == 3), calls
+        t = llm.timings()
+        assert t["draft_lengths"].get(3, 0) >= stats.steps - 1, t  # only the budget's end drafts less
 
 
 def test_the_draft_context_is_derived_from_the_targets(half_path):
@@ -133,13 +134,18 @@ def test_logprobs_with_drafting_equal_those_without(half_path):
             assert a.keys() == b.keys()
 
 
-def test_logprobs_without_logits_all_is_the_same_clear_error(half_path):
-    with Llama(half_path, **KW) as plain, Llama(half_path, draft="mtp", **KW) as llm:
-        with pytest.raises(ValueError) as e0:
-            _logprobs(plain)
-        with pytest.raises(ValueError) as e1:
-            _logprobs(llm)
-        assert str(e1.value) == str(e0.value) and "logits_all" in str(e1.value)
+def test_logprobs_without_logits_all_equal_the_bindings_with_it(half_path):
+    binding = llama_cpp.Llama(half_path, logits_all=True, **KW)
+    try:
+        want = _logprobs(binding)
+    finally:
+        binding.close()
+    for kw in (dict(), dict(draft="mtp")):
+        with Llama(half_path, **KW, **kw) as llm:
+            text, lp, top = _logprobs(llm)
+        assert text == want[0] and len(lp) == len(want[1]) > 0
+        np.testing.assert_allclose(np.array(lp, dtype=float), np.array(want[1], dtype=float), atol=1e-4)
+        assert [sorted(a) for a in top] == [sorted(b) for b in want[2]]
 
 
 def test_p_min_is_llama_cpps_top_10_probability():
@@ -154,8 +160,6 @@ def test_p_min_is_llama_cpps_top_10_probability():
 
 
 def test_adaptive_length_follows_acceptance():
-    from llama_metaws.engine.draft_model import AdaptiveLength
-
     a = AdaptiveLength()
     assert a.next_step() == AdaptiveLength.CAP  # a fresh start drafts all it may
     for _ in range(5):  # the third token is always rejected: two are drafted
@@ -179,18 +183,12 @@ def test_draft_max_auto_adapts_and_keeps_the_output(half_path, models_dir):
         with Llama(path, **KW) as plain:
             want = plain.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
         with Llama(path, draft="mtp", draft_max="auto", **KW) as llm:
-            asked = []
-            propose = llm.draft_model.drafter.propose
-
-            def counting(last, pos0, n_draft):
-                asked.append(n_draft)
-                return propose(last, pos0, n_draft)
-
-            llm.draft_model.drafter.propose = counting
+            calls = _proposals(llm)
             got = llm.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
             assert got == want
+            asked = [n for n, _ in calls]
             assert llm.context_params.n_rs_seq >= max(asked)
-            cap = llm.draft_model.length.CAP
+            cap = AdaptiveLength.CAP
         if agrees:  # a head that always agrees: every draft as long as it may be
             assert set(asked[:-1]) == {cap}, asked
         else:  # rejections on most steps: shorter drafts, lengths that change
@@ -225,20 +223,6 @@ def test_a_draft_cut_by_the_caller_is_not_counted_as_rejected(full_path):
             generate_n(llm, prompt, n)
             st = llm.draft_stats.last
             assert st.drafted > 0 and st.accepted == st.drafted, (n, st)
-
-
-def _proposals(llm):
-    """Record each draft the head is asked for: (tokens asked, tokens drafted)."""
-    calls = []
-    propose = llm.draft_model.drafter.propose
-
-    def counting(last, pos0, n_draft):
-        out = propose(last, pos0, n_draft)
-        calls.append((n_draft, len(out)))
-        return out
-
-    llm.draft_model.drafter.propose = counting
-    return calls
 
 
 @pytest.mark.parametrize("max_tokens", [1, 5, 6, 9])

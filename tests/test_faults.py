@@ -35,9 +35,11 @@ import llama_cpp
 from llama_cpp import _logger
 
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
-from llama_metaws.engine.mtp import DRAFT, MTPDrafter
+from llama_metaws.engine.batch import Batch
 from llama_metaws.testing import split_devices
 from llama_metaws.engine.workspace import Workspace, context_info, inject_alloc_failure, private_bytes
+
+from engines import Greedy, generate
 
 N_CTX = 256
 PAIR = dict(n_ctx=N_CTX, n_batch=96, n_ubatch=32)
@@ -201,7 +203,7 @@ def test_a_failed_first_reserve_fails_the_attach_and_both_contexts_stay_private(
                     # decode now, so that the next pass's injection meets the attach's own
                     # allocations (a failure in that pending re-reserve aborts: see
                     # test_a_failed_private_re_reserve_after_a_detach_is_an_exception below)
-                    MTPDrafter(target, draft, draft_max=DRAFT_MAX).generate(SHORT, N_GEN)
+                    generate(target, draft, SHORT, N_GEN, draft_max=DRAFT_MAX)
                     return records
                 assert ws is None, f"allocation {n} of the attach failed, yet it reported success"
                 assert "could not be allocated" in str(error) and "private" in str(error)
@@ -209,19 +211,19 @@ def test_a_failed_first_reserve_fails_the_attach_and_both_contexts_stay_private(
 
                 # both private and usable; the buffers given up at the attach come back at the
                 # next decode, as large as they were before it (nothing kept, nothing lost)
-                drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
-                assert drafter.generate(LONG, N_GEN) == ref["long"]
-                assert (private_bytes(target), private_bytes(draft)) == private
-
-                # a retry attaches, and shares exactly what a fault-free attach shares
-                with Workspace(target, draft, n_decode_tokens=N_DECODE) as ws2:
-                    assert ws2.shared
+                with Greedy(target, draft, draft_max=DRAFT_MAX) as drafter:
                     assert drafter.generate(LONG, N_GEN) == ref["long"]
-                    assert drafter.generate(SHORT, N_GEN) == ref["short"]
-                    assert _figures(ws2) == fault_free.setdefault("decode", _figures(ws2))
-                    if name == "tensor":
-                        assert _meta(ws2)[0].alias
-                assert drafter.generate(SHORT, N_GEN) == ref["short"]  # private again
+                    assert (private_bytes(target), private_bytes(draft)) == private
+
+                    # a retry attaches, and shares exactly what a fault-free attach shares
+                    with Workspace(target, draft, n_decode_tokens=N_DECODE) as ws2:
+                        assert ws2.shared
+                        assert drafter.generate(LONG, N_GEN) == ref["long"]
+                        assert drafter.generate(SHORT, N_GEN) == ref["short"]
+                        assert _figures(ws2) == fault_free.setdefault("decode", _figures(ws2))
+                        if name == "tensor":
+                            assert _meta(ws2)[0].alias
+                    assert drafter.generate(SHORT, N_GEN) == ref["short"]  # private again
                 records.append((n,) + result["failed"])
             pytest.fail(f"the attach kept allocating past {MAX_ALLOCATIONS} buffers")
 
@@ -248,7 +250,7 @@ def test_a_failed_resize_during_a_request_raises_and_a_retry_restores_the_worksp
     name, model, ref = split
     target, draft = _pair(model)
     ws = Workspace(target, draft, n_decode_tokens=N_DECODE)
-    drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+    drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
     try:
         assert drafter.generate(SHORT, N_GEN) == ref["short"]
         decode_figures = _figures(ws)
@@ -314,13 +316,21 @@ def test_a_failed_grow_of_the_draft_alone_and_its_retry(split, injections):
     name, model, ref = split
     target, draft = _pair(model, BIG_UBATCH)
     ws = Workspace(target, draft, n_decode_tokens=N_DECODE)
-    drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
-    rows = np.zeros((len(DRAFT_PROMPT), drafter.n_embd), dtype=np.float32)
+    drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
+    n_embd = drafter.n_embd
+    rows = np.zeros((len(DRAFT_PROMPT), n_embd), dtype=np.float32)
+    batch = Batch(len(DRAFT_PROMPT), n_embd)
 
-    def draft_prompt():
-        drafter._clear()
-        drafter._dbatch.fill(DRAFT_PROMPT, 0, outputs=False, rows=rows)
-        drafter._decode(DRAFT, drafter._dbatch, "prompt")
+    def draft_prompt():  # a prompt on the draft context alone: its own grow
+        mem = llama_cpp.llama_get_memory(draft.ctx)
+        llama_cpp.llama_memory_seq_rm(mem, 0, -1, -1)
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(target.ctx), 0, -1, -1)
+        drafter.slots[0].forget()
+        batch.clear()
+        batch.add(DRAFT_PROMPT, 0, 0, False, rows)
+        rc = llama_cpp.llama_decode(draft.ctx, batch.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode on the draft context returned {rc} during prompt processing")
 
     try:
         assert drafter.generate(SHORT, N_GEN) == ref["short"]
@@ -371,7 +381,7 @@ def test_zero_disarms_a_pending_failure(split, injections):
         inject_alloc_failure(0)
         with Workspace(target, draft, n_decode_tokens=N_DECODE) as ws:
             assert ws.shared
-            assert MTPDrafter(target, draft, draft_max=DRAFT_MAX).generate(LONG, N_GEN) == ref["long"]
+            assert generate(target, draft, LONG, N_GEN, draft_max=DRAFT_MAX) == ref["long"]
         assert not injections
         with pytest.raises(ValueError):
             inject_alloc_failure(-1)
@@ -390,7 +400,7 @@ _CHILD = r"""
 import json, sys
 import llama_metaws
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
-from llama_metaws.engine.mtp import MTPDrafter
+from llama_metaws.engine.core import Engine
 from llama_metaws.engine.workspace import Workspace, inject_alloc_failure
 
 path, case = sys.argv[1], sys.argv[2]
@@ -402,7 +412,8 @@ ref.close()
 target = new_context(model, n_ctx=256, n_batch=96, n_ubatch=32, n_rs_seq=3)
 draft = new_context(model, n_ctx=256, n_batch=96, n_ubatch=32, mtp=True)
 ws = Workspace(target, draft, n_decode_tokens=4)
-drafter = MTPDrafter(target, draft, draft_max=3)
+drafter = Engine(target, draft, draft_max=3)
+drafter.generate = lambda prompt, n: drafter.complete(prompt, n, stop_at_eog=False, cache_prompt=False)
 assert drafter.generate(short, n) == expected
 
 if case == "decode after the peer closed":
@@ -422,7 +433,8 @@ except Exception as e:
     error = e
 finally:
     inject_alloc_failure(0)
-print(json.dumps({"exception": type(error).__name__ if error else None, "message": str(error),
+kind = None if error is None else "RuntimeError" if isinstance(error, RuntimeError) else type(error).__name__
+print(json.dumps({"exception": kind, "message": str(error),
                   "retry": retry() == expected}))
 """
 

@@ -60,7 +60,7 @@ TEARDOWN_CHILD = r"""
 import json, sys
 import llama_metaws
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
-from llama_metaws.engine.mtp import MTPDrafter
+from llama_metaws.engine.core import Engine
 from llama_metaws.engine.workspace import Workspace
 
 a = json.loads(sys.argv[1])
@@ -73,7 +73,7 @@ model = load_model(a["model"], devices=["CPU", "CPU"], split_mode="tensor", load
 target = new_context(model, n_ctx=256, n_batch=64, n_ubatch=16, n_rs_seq=3, offload_kqv=False)
 draft = new_context(model, n_ctx=256, n_batch=64, n_ubatch=16, mtp=True, offload_kqv=False)
 ws = Workspace(target, draft, n_decode_tokens=4)
-drafted = MTPDrafter(target, draft, draft_max=3).generate(prompt, 12)
+drafted = Engine(target, draft, draft_max=3).complete(prompt, 12, stop_at_eog=False)
 (target if a["first"] == "target" else draft).close()
 ws.close()
 survivor = draft if a["first"] == "target" else target

@@ -117,7 +117,7 @@ def layer_of(module: str) -> str:
         return head
     if head == "__main__":
         return "cli"
-    return "frontends"  # llama.py, guard.py, flags.py, server/
+    return "frontends"  # llama.py, completion.py, state.py, flags.py, server/
 
 
 def upward_imports(graph):
@@ -289,12 +289,15 @@ def test_params_that_did_not_reach_llama_are_an_error(tiny_mtp_model, monkeypatc
         llama_mod.Llama(str(tiny_mtp_model), draft="mtp", n_ctx=128, n_batch=32, verbose=False)
 
 
-def test_drafting_needs_no_private_method_of_the_drafter():
-    src = (PKG / "engine" / "draft_model.py").read_text()
-    tree = ast.parse(src)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MTPDraftModel")
-    private = sorted({a.attr for a in ast.walk(cls) if isinstance(a, ast.Attribute)
-                      and isinstance(a.value, (ast.Name, ast.Attribute)) and a.attr.startswith("_")
-                      and not a.attr.startswith("__")
-                      and ast.unparse(a.value) in ("d", "self.drafter", "drafter")})
-    assert private == [], private
+def test_a_step_decides_runs_and_applies_in_three_modules():
+    """vLLM's split: schedule decides and update applies, neither calls llama.cpp; execute runs the
+    decodes. A newcomer finds where a step is built from the file names alone."""
+    graph = import_graph()
+    for phase in ("schedule", "update"):
+        deps = graph[f"llama_metaws.engine.{phase}"]
+        assert not any(d.startswith("llama_metaws.native") for d in deps), (phase, deps)
+        assert "llama_cpp" not in (PKG / "engine" / f"{phase}.py").read_text(), phase
+    assert "decode_target" in (PKG / "engine" / "execute.py").read_text()
+    for name in ("schedule", "execute", "update", "core", "slots", "request", "drafting", "workspace",
+                 "checkpoints", "contexts", "batch", "samplers", "limits"):
+        assert (PKG / "engine" / f"{name}.py").is_file(), name

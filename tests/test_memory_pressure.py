@@ -22,7 +22,9 @@ import pytest
 import llama_cpp
 
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
-from llama_metaws.engine.mtp import MTPDrafter, _Batch
+from llama_metaws.engine.batch import Batch
+
+from engines import Greedy
 from llama_metaws.engine.workspace import Workspace, context_info, inject_alloc_failure
 
 N_CTX = 256
@@ -95,7 +97,7 @@ def test_while_prompt_sized_buffers_do_not_fit_prompts_fail_and_short_requests_g
     name, model, ref = split
     target, draft = _pair(model)
     ws = Workspace(target, draft, n_decode_tokens=N_DECODE)
-    drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+    drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
     try:
         prompt_sizes = [e.allocated for e in _shared(ws)]  # the attach reserves prompt-sized
         assert drafter.generate(TINY, N_GEN) == ref["tiny"]
@@ -133,7 +135,7 @@ def test_one_failed_prompt_grow_does_not_pin_the_entry_at_the_prompt_size(split,
     _, model, ref = split
     target, draft = _pair(model)
     ws = Workspace(target, draft, n_decode_tokens=N_DECODE)
-    drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+    drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
     try:
         assert drafter.generate(TINY, N_GEN) == ref["tiny"]
         decode = _figures(ws)
@@ -148,9 +150,17 @@ def test_one_failed_prompt_grow_does_not_pin_the_entry_at_the_prompt_size(split,
             o.close()
 
 
-def _decode(ctx, batch, tokens, pos, **kw):
-    batch.fill(tokens, pos, outputs=True, **kw)
+def _decode(ctx, batch, tokens, pos, rows=None):
+    batch.clear()
+    batch.add(tokens, pos, 0, True, rows)
     return llama_cpp.llama_decode(ctx.ctx, batch.batch)
+
+
+def _clear(drafter, target, draft):
+    """Sequence 0 of both contexts emptied, as the engine's slot 0 knows."""
+    for ctx in (target, draft):
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx.ctx), 0, -1, -1)
+    drafter.slots[0].forget()
 
 
 def _rebuild(ctx):
@@ -167,12 +177,12 @@ def test_a_rebuilt_draft_scheduler_fences_the_target_and_shares_at_once(split, d
     _, model, ref = split
     target, draft = _pair(model)
     ws = Workspace(target, draft, n_decode_tokens=N_DECODE)
-    drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+    drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
     n_embd = drafter.n_embd
-    tb, db = _Batch(64, 0), _Batch(8, 0, n_embd)
+    tb, db = Batch(64), Batch(8, n_embd)
     try:
         assert drafter.generate(LONG, N_GEN) == ref["long"]  # warm: every buffer at its size
-        drafter._clear()
+        _clear(drafter, target, draft)
         assert _decode(target, tb, LONG[:32], 0) == 0        # prompt-sized, left in flight
         _rebuild(draft)
         syncs = context_info(draft).n_handoff_syncs
@@ -185,7 +195,7 @@ def test_a_rebuilt_draft_scheduler_fences_the_target_and_shares_at_once(split, d
         assert drafter.generate(LONG, N_GEN) == ref["long"]
         assert drafter.generate(TINY, N_GEN) == ref["tiny"]
     finally:
-        for o in (tb, db, drafter, ws, draft, target):
+        for o in (drafter, ws, draft, target):
             o.close()
 
 
@@ -195,12 +205,12 @@ def test_a_rebuilt_target_scheduler_fences_the_draft_first(split, disarm):
     _, model, ref = split
     target, draft = _pair(model)
     ws = Workspace(target, draft, n_decode_tokens=N_DECODE)
-    drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+    drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
     n_embd = drafter.n_embd
-    tb, db = _Batch(8, 0), _Batch(8, 0, n_embd)
+    tb, db = Batch(8), Batch(8, n_embd)
     try:
         assert drafter.generate(TINY, N_GEN) == ref["tiny"]
-        drafter._clear()
+        _clear(drafter, target, draft)
         assert _decode(draft, db, [5], 0, rows=np.zeros((1, n_embd), np.float32)) == 0  # in flight
         _rebuild(target)
         syncs = context_info(target).n_handoff_syncs
@@ -213,7 +223,7 @@ def test_a_rebuilt_target_scheduler_fences_the_draft_first(split, disarm):
         assert context_info(target).paired
         assert drafter.generate(TINY, N_GEN) == ref["tiny"]
     finally:
-        for o in (tb, db, drafter, ws, draft, target):
+        for o in (drafter, ws, draft, target):
             o.close()
 
 
@@ -224,7 +234,7 @@ _SCRATCH_CHILD = r"""
 import json, sys
 import llama_metaws
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
-from llama_metaws.engine.mtp import MTPDrafter
+from llama_metaws.engine.core import Engine
 from llama_metaws.engine.workspace import Workspace, inject_alloc_failure
 
 path, long, n_gen = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
@@ -237,7 +247,8 @@ for n in range(1, 40):
     target = new_context(model, n_ctx=256, n_batch=96, n_ubatch=32, n_rs_seq=3)
     draft = new_context(model, n_ctx=256, n_batch=96, n_ubatch=32, mtp=True)
     ws = Workspace(target, draft, n_decode_tokens=4)
-    drafter = MTPDrafter(target, draft, draft_max=3)
+    drafter = Engine(target, draft, draft_max=3)
+    drafter.generate = lambda prompt, n: drafter.complete(prompt, n, stop_at_eog=False, cache_prompt=False)
     inject_alloc_failure(n, count=-1)
     try:
         drafter.generate(long, n_gen)

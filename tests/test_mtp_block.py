@@ -19,7 +19,7 @@ import llama_cpp
 
 from llama_metaws.engine import contexts as loading
 from llama_metaws.native.binding import _internals, llama_ext
-from llama_metaws.engine.mtp import _Batch
+from llama_metaws.engine.batch import Batch
 from llama_metaws.native.params import set_fields
 from llama_metaws.native.runtime import require_build
 from llama_metaws.testing import N_VOCAB, make_tiny_mtp_model
@@ -63,13 +63,12 @@ class Draft:
         self.ctx = _internals.LlamaContext(model=model, params=params, verbose=False)
         llama_ext.llama_set_embeddings_nextn(self.ctx.ctx, True, masked)
         self.n_embd = int(llama_cpp.llama_model_n_embd_out(model.model))
-        self.batch = _Batch(16, 0, self.n_embd)
+        self.batch = Batch(16, self.n_embd)
 
     def decode(self, tokens, rows, outputs):
         self.ffn_rows.clear()
-        self.batch.fill(tokens, 0, outputs=False, rows=rows)
-        for i in outputs:
-            self.batch.logits[i] = 1
+        self.batch.clear()
+        self.batch.add(tokens, 0, 0, [1 if i in outputs else 0 for i in range(len(tokens))], rows)
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx.ctx), True)
         assert llama_cpp.llama_decode(self.ctx.ctx, self.batch.batch) == 0
 
@@ -82,7 +81,6 @@ class Draft:
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx.ctx, i), shape=(N_VOCAB,)).copy()
 
     def close(self):
-        self.batch.close()
         self.ctx.close()
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llama_metaws import Llama
-from llama_metaws.engine.checkpoints import PromptReuse, common_prefix
+from llama_metaws.engine.checkpoints import PrefixReuse, common_prefix
 from llama_metaws.testing import N_VOCAB, generate_n, make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
@@ -183,18 +183,18 @@ def test_the_same_prompt_again_restores_the_checkpoint_before_its_last_token(agr
 def test_a_prompt_parting_in_its_last_tokens_restores_the_tail_checkpoint(agree_path, draft_max, logits_all):
     kw = dict(KW, draft_max=draft_max, logits_all=logits_all)
     with Llama(agree_path, draft="mtp", checkpoint_every=0, **kw) as llm:
-        sizes, decode = [], llm._ctx.decode
+        sizes, decode = [], llm._engine.decode_target
 
-        def counted(batch):
-            sizes.append(batch.batch.n_tokens)
-            return decode(batch)
+        def counted(b, *args):
+            sizes.append(b.n)
+            return decode(b, *args)
 
-        llm._ctx.decode = counted
+        llm._engine.decode_target = counted
         run(llm, P1, 8)
         assert llm.checkpoint_stats()["positions"] == [len(P1) - 4, len(P1) - 1]
-        if draft_max >= 3 and not logits_all:  # the snapshots reach 3 back: one batch, read from them
-            assert sizes[0] == len(P1) - 1
-        else:  # they do not (or llama splits an every-row batch as it likes): the batches end there
+        if draft_max >= 3:  # the snapshots reach 3 back: one batch, read from them (logits_all
+            assert sizes[0] == len(P1) - 1  # asks for no prompt row: only the rows sampling reads)
+        else:  # they do not: the batches end there
             assert sizes[:2] == [len(P1) - 4, 3]
         p2 = P1[:38] + NEW  # parts from P1 between the tail checkpoint (36) and the end
         a2 = run(llm, p2, 12)
@@ -206,20 +206,35 @@ def test_a_prompt_parting_in_its_last_tokens_restores_the_tail_checkpoint(agree_
 
 
 @pytest.mark.parametrize("n,n_batch,reach,every,want", [
-    # the tail (n - 4) read 3 back from the end of the prompt's one batch
+    # the tail (n - 4) read 3 back from the end of the prompt's one chunk
     (40, 64, 3, 0, [(0, 39, [3, 0])]),
-    # no snapshots that far: the batches end at the tail too
+    # no snapshots that far: the chunks end at the tail too
     (40, 64, 2, 0, [(0, 36, [0]), (36, 3, [0])]),
-    # the tail in the batch before the last, 2 back from its end
-    (66, 64, 3, 0, [(0, 64, [2]), (64, 1, [0])]),
+    # n_batch would end the first chunk between the tail and the end: it ends at the tail
+    (66, 64, 3, 0, [(0, 62, [0]), (62, 3, [0])]),
     # the tail on a multiple of every: one checkpoint there
     (36, 64, 3, 16, [(0, 16, [0]), (16, 16, [0]), (32, 3, [0])]),
     # every 16 and the tail 3 back from the end
     (40, 64, 3, 16, [(0, 16, [0]), (16, 16, [0]), (32, 7, [3, 0])]),
 ])
 def test_prompt_chunks_end_at_checkpoints_but_the_one_read_back(n, n_batch, reach, every, want):
-    reuse = PromptReuse(checkpoint_every=every)
-    reuse.active = True
-    assert list(reuse.chunks(0, n, n_batch, True, held_back=1, reach=reach)) == want
-    # not a prompt: no checkpoints, chunks of n_batch
-    assert [c[2] for c in reuse.chunks(0, n, n_batch, False, reach=reach)] == [[]] * -(-n // n_batch)
+    from llama_metaws.engine.checkpoints import CheckpointStore
+    from llama_metaws.engine.request import Request
+    from llama_metaws.engine.schedule import _prompt_chunk
+    from llama_metaws.engine.slots import Slot
+
+    def chunks(recurrent):
+        slot = Slot(0, 256, 8, CheckpointStore())
+        slot.request = Request(list(range(n)))
+        slot.cursor, slot.prompt_end = 0, n - 1  # the last token held back
+        PrefixReuse(recurrent=recurrent, reach=reach, checkpoint_every=every).stops(slot, 0, n - 1, n)
+        out = []
+        while slot.cursor < slot.prompt_end:
+            seg = _prompt_chunk(slot, n_batch, n_batch)
+            out.append((seg.pos0, seg.n, seg.backs))
+            slot.cursor += seg.n
+        return out
+
+    assert chunks(True) == want
+    # a target without recurrent state takes no checkpoints: chunks of n_batch
+    assert chunks(False) == [(s, min(n_batch, n - 1 - s), []) for s in range(0, n - 1, n_batch)]

@@ -36,17 +36,22 @@ from hypothesis.stateful import (
 import llama_cpp
 from llama_cpp import _internals
 
+from llama_metaws.engine.batch import Batch
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
-from llama_metaws.engine.mtp import DRAFT, TARGET, MTPDrafter
+from llama_metaws.engine.core import Engine
+from llama_metaws.engine.request import Request
+from llama_metaws.engine.samplers import SamplingParams
 from llama_metaws.engine.workspace import Workspace, context_info
 
+TARGET, DRAFT = "target", "draft"
+
 N_CTX = 128
-N_BATCH = 32    # the drafter prefills in chunks of n_batch: the longer prompts take two or three
+N_BATCH = 32    # the engine evaluates prompts in chunks of n_batch: the longer ones take two or three
 N_UBATCH = 16   # and each chunk is cut into ubatches of 16: a prompt-sized reservation is 16 tokens
 DRAFT_MAX = 3
 N_DECODE = DRAFT_MAX + 1  # batches up to this size get the decode-sized reservation
 N_GEN = 10
-# the drafter holds the last prompt token back: 0, 1, 4 (decode-sized), 14, 15, 16, 31, 32, 46
+# the engine holds the last prompt token back: 0, 1, 4 (decode-sized), 14, 15, 16, 31, 32, 46
 # tokens are prefilled, around the ubatch (16) and batch (32) boundaries
 PROMPT_LENGTHS = (1, 2, 5, 15, 16, 17, 32, 33, 47)
 PROMPTS = [[(13 * i + 7 * j + 1) % 127 for i in range(n)] for j, n in enumerate(PROMPT_LENGTHS)]
@@ -121,24 +126,31 @@ def _target_greedy(ctx, prompt, n):
         batch.close()
 
 
-def _settles(steps):
-    """Whether a request whose verification steps had these draft counts leaves the shared
-    entries settled: both roles republished since the last shrink request, so that each holds
-    exactly max(owner_need, borrower_need).
+def _settles(n):
+    """Whether a request of ``n`` tokens leaves the shared entries settled: both roles
+    republished since the last shrink request, so that each holds exactly
+    max(owner_need, borrower_need).
 
     Shrinking waits (ggml-alloc.h): a shrink request starts an epoch, and an entry shrinks only
-    once every attached role has reserved again in it. Inside a request a context requests a
-    shrink when its batch is smaller than its current reservation, i.e. on its first
-    decode-sized batch after prompt-sized ones. A step is [draft decodes] -> target verification
-    -> draft feed. With drafts in the first step, the draft's request comes at its first draft
-    decode, before the target's verification, and the target's own request (or its reserve on
-    seeing the new epoch) is followed by the draft's feed: settled. With one step and no draft
-    (n == 1, or p_min cutting every draft), the draft's first decode-sized batch is the feed,
-    the very last decode: its shrink request waits for a target reserve that only the next
-    request brings, so the entry may stay larger (it does after a long prompt); from a second
-    step on, the target's verification reserves in that epoch and settles it.
+    once every attached role has reserved again in it. A context requests a shrink on its first
+    decode-sized batch after prompt-sized ones. An engine step is: target decode, the draft's
+    catch-up over the same batch, then the draft decodes of the next step's draft. With two
+    tokens or more the prompt is followed by a draft decode (the draft's request, if any), then
+    the first step's target decode (the target's request, or its reserve in the draft's epoch)
+    and the draft's catch-up (its reserve in the target's): settled, whatever came before. With
+    one token there is no draft to make: the target's request at its decode may be followed by
+    the draft's own at the catch-up, the very last decode, which waits for a target reserve that
+    only the next request brings; whether it comes depends on what the last request left, so
+    such a request is not checked exactly. A request of no tokens decodes nothing.
     """
-    return len(steps) >= 2 or (len(steps) == 1 and steps[0] >= 1)
+    return n >= 2
+
+
+def _request(engine, prompt, n, on_step=None):
+    """A fresh greedy request of ``n`` tokens on slot 0 (the whole prompt evaluated)."""
+    r = engine.submit(Request(prompt, SamplingParams(temp=0.0), max_tokens=n, stop_at_eog=False,
+                              cache_prompt=False))
+    return r.wait(timeout=120), r
 
 
 class WorkspaceMachine(RuleBasedStateMachine):
@@ -147,7 +159,7 @@ class WorkspaceMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.tgt = self.dft = self.ws = self.drafter = None
+        self.tgt = self.dft = self.ws = self.engine = None
         self.generations = {}    # id(context) -> the last generation seen
         self.settled = False
 
@@ -166,9 +178,9 @@ class WorkspaceMachine(RuleBasedStateMachine):
         assert self.ws.shared == (mode != "off")
         for ctx in (self.tgt, self.dft):
             assert context_info(ctx).paired == (mode != "off")
-        if self.drafter is not None:
-            self.drafter.close()
-        self.drafter = MTPDrafter(self.tgt, self.dft, draft_max=DRAFT_MAX)
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = Engine(self.tgt, self.dft, draft_max=DRAFT_MAX)
         # the attach reserves both roles prompt-sized, with no shrink request: settled
         self.settled = True
 
@@ -176,9 +188,9 @@ class WorkspaceMachine(RuleBasedStateMachine):
         self.generations.pop(id(ctx), None)
 
     def _close_pair(self, first):
-        if self.drafter is not None:
-            self.drafter.close()
-            self.drafter = None
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
         order = (self.tgt, self.dft) if first == TARGET else (self.dft, self.tgt)
         for ctx in order:
             self._forget(ctx)
@@ -206,40 +218,40 @@ class WorkspaceMachine(RuleBasedStateMachine):
     @rule(prompt=st.integers(0, len(PROMPTS) - 1), n=st.integers(0, N_GEN),
           p_min=st.sampled_from([0.0, 0.9]))
     def generate(self, prompt, n, p_min):
-        """A whole request through MTPDrafter.generate."""
+        """A whole request through the engine."""
         self.seen[("rule", "generate")] += 1
-        steps = []
-        with MTPDrafter(self.tgt, self.dft, draft_max=DRAFT_MAX, p_min=p_min) as drafter:
-            out = drafter.generate(PROMPTS[prompt], n, on_draft=lambda pos, d: steps.append(len(d)))
+        with Engine(self.tgt, self.dft, draft_max=DRAFT_MAX, p_min=p_min) as engine:
+            out, _ = _request(engine, PROMPTS[prompt], n)
         assert out == self._ref(prompt, n)
         if n:
-            self.settled = _settles(steps)
+            self.settled = _settles(n)
 
     @rule(prompt=st.integers(0, len(PROMPTS) - 1), n=st.integers(1, N_GEN),
           counts=st.lists(st.integers(0, DRAFT_MAX), min_size=1, max_size=4))
     def generate_stepwise(self, prompt, n, counts):
-        """The same request, step by step, with a chosen number of drafts per step (acceptance
-        lengths from 0 to DRAFT_MAX+1 tokens), checking the invariants between steps."""
+        """The same request with a chosen draft length per step (acceptance lengths from 0 to
+        DRAFT_MAX+1 tokens), checking the invariants between steps on the engine's thread."""
         self.seen[("rule", "generate_stepwise")] += 1
-        d, tokens = self.drafter, PROMPTS[prompt]
-        d._clear()
-        d._prefill(tokens[:-1])
-        out, last, n_past, steps = [], tokens[-1], len(tokens) - 1, []
-        while len(out) < n:
-            n_draft = min(counts[len(steps) % len(counts)], n - len(out) - 1, d.n_ctx - n_past - 1)
-            drafts = d._draft(last, n_past, n_draft)
-            ids, d._pending = d._verify(last, n_past, drafts)
-            n_past += len(ids)
-            d._seq_rm(TARGET, n_past)
-            d._seq_rm(DRAFT, n_past)
-            out += ids
-            last = ids[-1]
-            steps.append(len(drafts))
+        engine, asked = self.engine, []
+        length = engine.draft_length
+
+        def chosen(v):
+            want = min(counts[len(asked) % len(counts)], length(v)) if length(v) else 0
+            asked.append(want)
+            return want
+
+        def between_steps():
             self.settled = False  # between steps: only the lower bound
             self.check_entries()
             self.check_generations()
+
+        engine.draft_length, engine.after_step = chosen, between_steps
+        try:
+            out, r = _request(engine, PROMPTS[prompt], n)
+        finally:
+            engine.draft_length, engine.after_step = length, None
         assert out == self._ref(prompt, n)
-        self.settled = _settles(steps)
+        self.settled = _settles(n)
 
     @rule(prompt=st.integers(0, len(PROMPTS) - 1), n=st.integers(0, 3))
     def target_alone(self, prompt, n):
@@ -255,12 +267,15 @@ class WorkspaceMachine(RuleBasedStateMachine):
         """The draft context alone processes a prompt (zero hidden rows): the borrower's own
         grow, or its own shrink request for a short one."""
         self.seen[("rule", "draft_alone")] += 1
-        d, tokens = self.drafter, PROMPTS[prompt]
-        d._clear()
-        for start in range(0, len(tokens), d.chunk):
-            chunk = tokens[start:start + d.chunk]
-            d._dbatch.fill(chunk, start, outputs=False, rows=np.zeros((len(chunk), d.n_embd), np.float32))
-            d._decode(DRAFT, d._dbatch, "prompt")
+        tokens = PROMPTS[prompt]
+        self.engine.exclusive(lambda: self.engine.clear_sequence(self.engine.slots[0]))
+        n_embd = llama_cpp.llama_model_n_embd_out(llama_cpp.llama_get_model(self.dft.ctx))
+        b = Batch(N_BATCH, n_embd)
+        for start in range(0, len(tokens), N_BATCH):
+            chunk = tokens[start:start + N_BATCH]
+            b.clear()
+            b.add(chunk, start, 0, False, np.zeros((len(chunk), n_embd), np.float32))
+            assert llama_cpp.llama_decode(self.dft.ctx, b.batch) == 0
         self.settled = False
 
     # -- pairing and teardown ---------------------------------------------------------------
@@ -278,8 +293,8 @@ class WorkspaceMachine(RuleBasedStateMachine):
         """Close one context of the pair (the workspace still attached), use the survivor on its
         own, then pair it with a new peer."""
         self.seen[("rule", "close_one_and_replace_it")] += 1
-        self.drafter.close()
-        self.drafter = None
+        self.engine.close()
+        self.engine = None
         gone, survivor = (self.tgt, self.dft) if first == TARGET else (self.dft, self.tgt)
         self._forget(gone)
         gone.close()
@@ -365,30 +380,31 @@ def test_random_sequences_keep_outputs_memory_and_generations(resources):
 @pytest.mark.parametrize("split", sorted(SPLITS))
 def test_a_one_step_request_without_drafts_leaves_the_shrink_pending(resources, split):
     """The case ``_settles`` excludes, as the contract has it: after a long prompt, a one-token
-    request's only draft decode is the feed after the verification; it requests a shrink that
+    request's draft decode is the catch-up after the target's decode; it requests a shrink that
     the target has not answered, so the entry stays larger than both requirements, and the next
     request's first target decode settles it."""
     model = resources.model("agree-0.5", split)
     tgt = new_context(model, n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_UBATCH, n_rs_seq=DRAFT_MAX)
     dft = new_context(model, n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_UBATCH, mtp=True)
     ws = Workspace(tgt, dft, n_decode_tokens=N_DECODE)
-    drafter = MTPDrafter(tgt, dft, draft_max=DRAFT_MAX)
+    engine = Engine(tgt, dft, draft_max=DRAFT_MAX)
 
     def excess():
         return {e.buffer_type: e.allocated - max(e.owner_need, e.borrower_need) for e in ws.stats() if e.shared}
 
     try:
-        steps = []
-        assert drafter.generate(PROMPTS[-1], 4) == resources.reference("agree-0.5", split, len(PROMPTS) - 1)[:4]
+        out, _ = _request(engine, PROMPTS[-1], 4)
+        assert out == resources.reference("agree-0.5", split, len(PROMPTS) - 1)[:4]
         assert set(excess().values()) == {0}
-        assert drafter.generate(PROMPTS[-1], 1, on_draft=lambda pos, d: steps.append(len(d))) == \
-            resources.reference("agree-0.5", split, len(PROMPTS) - 1)[:1]
-        assert steps == [0] and not _settles(steps)
+        out, r = _request(engine, PROMPTS[-1], 1)
+        assert out == resources.reference("agree-0.5", split, len(PROMPTS) - 1)[:1]
+        assert r.lengths == {0: 1} and not _settles(1)  # one step, no draft
         assert min(excess().values()) > 0, ws.stats()  # every entry waits for the target
-        assert drafter.generate(PROMPTS[2], 1) == resources.reference("agree-0.5", split, 2)[:1]
+        out, _ = _request(engine, PROMPTS[2], 1)
+        assert out == resources.reference("agree-0.5", split, 2)[:1]
         assert set(excess().values()) == {0}  # the short prompt's target decode answered it
     finally:
-        drafter.close()
+        engine.close()
         ws.close()
         dft.close()
         tgt.close()
@@ -401,8 +417,8 @@ def test_the_generation_of_a_survivor_does_not_go_back(resources, first):
     dft = new_context(model, n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_UBATCH, mtp=True)
     ws = Workspace(tgt, dft, n_decode_tokens=N_DECODE)
     try:
-        with MTPDrafter(tgt, dft, draft_max=DRAFT_MAX) as drafter:
-            drafter.generate(PROMPTS[-1], N_GEN)
+        with Engine(tgt, dft, draft_max=DRAFT_MAX) as engine:
+            _request(engine, PROMPTS[-1], N_GEN)
         gone, survivor = (dft, tgt) if first == DRAFT else (tgt, dft)
         seen = context_info(survivor).generation
         gone.close()

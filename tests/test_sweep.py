@@ -36,7 +36,7 @@ import ctypes, json, sys
 import llama_metaws
 import llama_cpp
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
-from llama_metaws.engine.mtp import MTPDrafter
+from llama_metaws.engine.core import Engine
 from llama_metaws.engine.workspace import Workspace, inject_alloc_failure
 
 path, split, mode = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -60,7 +60,9 @@ def pair():
     draft = new_context(model, n_ctx=256, n_batch=96, n_ubatch=32, mtp=True)
     ws = Workspace(target, draft, mode=mode, n_decode_tokens=4)
     assert ws.shared
-    return target, draft, ws, MTPDrafter(target, draft, draft_max=3)
+    engine = Engine(target, draft, draft_max=3)
+    engine.generate = lambda prompt, n: engine.complete(prompt, n, stop_at_eog=False, cache_prompt=False)
+    return target, draft, ws, engine
 
 def figures(ws):
     return [[e.buffer_type, e.shared, e.alias, e.allocated, e.owner_need, e.borrower_need]

@@ -16,9 +16,10 @@ import llama_cpp
 from llama_metaws.tools import repro
 from llama_metaws.native.shim import check_error, ffi, lib
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
-from llama_metaws.engine.mtp import MTPDrafter
 from llama_metaws.testing import split_devices
 from llama_metaws.engine.workspace import Workspace, private_bytes
+
+from engines import Greedy
 
 PROMPT = [9, 4, 17, 33, 2, 61, 8, 100, 27, 5]
 LONG = [(5 * i + 1) % 128 for i in range(70)]
@@ -173,7 +174,7 @@ def test_alias_holds_the_shared_requirement_private_meta_the_sum(split_model):
     for mode in ("alias", "private-meta"):
         target, draft = _split_pair(split_model)
         ws = Workspace(target, draft, mode=mode, n_decode_tokens=DRAFT_MAX + 1)
-        MTPDrafter(target, draft, draft_max=DRAFT_MAX).generate(LONG, 8)  # ends in the decode phase
+        Greedy(target, draft, draft_max=DRAFT_MAX).generate(LONG, 8)  # ends in the decode phase
         metas = [e for e in ws.stats() if e.buffer_type.startswith("Meta")]
         if mode == "alias":
             (entry,) = metas
@@ -199,7 +200,7 @@ def test_alias_holds_the_shared_requirement_private_meta_the_sum(split_model):
 def test_alias_lifetime_grow_shrink_grow_with_the_draft_attached(split_model, split_reference):
     target, draft = _split_pair(split_model)
     ws = Workspace(target, draft, n_decode_tokens=DRAFT_MAX + 1)
-    drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+    drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
     assert drafter.generate(LONG, 20) == split_reference["long"]    # grow (prompt)
     first = _meta_entry(ws)
     assert drafter.generate(PROMPT, 20) == split_reference["short"]  # decode: shrink
@@ -216,7 +217,7 @@ def test_alias_lifetime_grow_shrink_grow_with_the_draft_attached(split_model, sp
 def test_alias_teardown_in_either_order(split_model, split_reference, first):
     target, draft = _split_pair(split_model)
     ws = Workspace(target, draft, n_decode_tokens=DRAFT_MAX + 1)
-    MTPDrafter(target, draft, draft_max=DRAFT_MAX).generate(LONG, 8)
+    Greedy(target, draft, draft_max=DRAFT_MAX).generate(LONG, 8)
     (target if first == "target" else draft).close()
     survivor = draft if first == "target" else target
     ws.close()
@@ -229,10 +230,15 @@ def test_alias_teardown_in_either_order(split_model, split_reference, first):
 def test_two_sequences_in_alias_mode(split_model, split_reference):
     target, draft = _split_pair(split_model, n_seq_max=2)
     ws = Workspace(target, draft, n_decode_tokens=2 * (DRAFT_MAX + 1))
-    for seq in (0, 1, 0):
-        drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX, seq_id=seq)
-        assert drafter.generate(PROMPT, 20) == split_reference["short"], seq
-        assert drafter.generate(LONG, 20) == split_reference["long"], seq
+    from llama_metaws.engine.request import Request
+    from llama_metaws.engine.samplers import SamplingParams
+
+    with Greedy(target, draft, draft_max=DRAFT_MAX) as engine:
+        for _ in range(2):  # both slots at once, in the same steps
+            reqs = [engine.submit(Request(p, SamplingParams(temp=0.0), max_tokens=20, stop_at_eog=False))
+                    for p in (PROMPT, LONG)]
+            assert [r.wait(timeout=120) for r in reqs] == [split_reference["short"], split_reference["long"]]
+            assert sorted(r.slot for r in reqs) == [0, 1]
     assert _meta_entry(ws).alias
     ws.close()
     draft.close()

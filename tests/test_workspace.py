@@ -6,7 +6,6 @@ import pytest
 
 from llama_metaws.native import runtime
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
-from llama_metaws.engine.mtp import MTPDrafter
 from llama_metaws.engine.workspace import (
     Workspace,
     WorkspaceWarning,
@@ -21,6 +20,10 @@ DRAFT_MAX = 3
 N_DECODE = DRAFT_MAX + 1
 SHORT = [3, 14, 15, 92, 65]
 LONG = [(7 * i + 3) % 128 for i in range(80)]  # longer than n_ubatch: several ubatches
+
+
+from engines import Greedy
+from engines import generate as _engine_generate
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def reference(mtp_model):
 
 
 def _generate(target, draft, prompt, n=24):
-    return MTPDrafter(target, draft, draft_max=DRAFT_MAX).generate(prompt, n)
+    return _engine_generate(target, draft, prompt, n, draft_max=DRAFT_MAX)
 
 
 def test_shared_output_is_token_identical_over_several_requests(mtp_model, reference):
@@ -58,7 +61,7 @@ def test_shared_output_is_token_identical_over_several_requests(mtp_model, refer
     try:
         with Workspace(target, draft, n_decode_tokens=N_DECODE) as ws:
             assert ws.shared
-            drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+            drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
             for name in ("short", "long", "short", "long"):
                 prompt = SHORT if name == "short" else LONG
                 assert drafter.generate(prompt, 24) == reference[name], name
@@ -97,7 +100,7 @@ def test_decode_shrinks_and_the_next_prompt_grows(mtp_model):
     target, draft = _pair(mtp_model)
     try:
         ws = Workspace(target, draft, n_decode_tokens=N_DECODE)
-        drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+        drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
         drafter.generate(LONG, 16)  # ends in the decode phase
         (after_decode,) = [e for e in ws.stats() if e.shared]
         assert after_decode.n_shrink >= 1
@@ -120,7 +123,7 @@ def test_the_generation_only_grows(mtp_model):
     target, draft = _pair(mtp_model)
     try:
         ws = Workspace(target, draft, n_decode_tokens=N_DECODE)
-        drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+        drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
         seen = []
         for prompt in (LONG, SHORT, LONG, SHORT):
             drafter.generate(prompt, 8)
@@ -136,16 +139,17 @@ def test_the_generation_only_grows(mtp_model):
 def test_the_peer_is_synchronized_only_at_a_handoff_with_work_in_flight(mtp_model):
     import llama_cpp
 
-    from llama_metaws.engine.mtp import _Batch
+    from llama_metaws.engine.batch import Batch
 
     target, draft = _pair(mtp_model)
     n_embd = llama_cpp.llama_model_n_embd_out(mtp_model.model)
-    tb, db = _Batch(8, 0), _Batch(8, 0, n_embd)
+    tb, db = Batch(8), Batch(8, n_embd)
     try:
         ws = Workspace(target, draft, n_decode_tokens=N_DECODE)
 
-        def decode(ctx, batch, pos, **kw):
-            batch.fill([5], pos, outputs=True, **kw)
+        def decode(ctx, batch, pos, rows=None):
+            batch.clear()
+            batch.add([5], pos, 0, True, rows)
             assert llama_cpp.llama_decode(ctx.ctx, batch.batch) == 0
 
         def syncs():
@@ -165,8 +169,6 @@ def test_the_peer_is_synchronized_only_at_a_handoff_with_work_in_flight(mtp_mode
         assert syncs() == (0, 2)
         ws.close()
     finally:
-        tb.close()
-        db.close()
         draft.close()
         target.close()
 
@@ -175,7 +177,7 @@ def test_an_allocation_failure_during_a_grow_is_an_exception_and_a_retry_works(m
     target, draft = _pair(mtp_model)
     try:
         ws = Workspace(target, draft, n_decode_tokens=N_DECODE)
-        drafter = MTPDrafter(target, draft, draft_max=DRAFT_MAX)
+        drafter = Greedy(target, draft, draft_max=DRAFT_MAX)
         drafter.generate(SHORT, 8)  # decode phase: the entry is decode-sized
         inject_alloc_failure(1)     # the prompt phase's grow fails
         try:

@@ -33,7 +33,7 @@ from ..native.binding import llama_cpp
 from ..native.shim import check_error, ffi, lib
 from .buffers import context_address
 
-__all__ = ["Checkpoint", "CheckpointStore", "PromptReuse", "DraftingLlamaState", "DEFAULT_CTX_CHECKPOINTS",
+__all__ = ["Checkpoint", "CheckpointStore", "PrefixReuse", "DraftingLlamaState", "DEFAULT_CTX_CHECKPOINTS",
            "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_CHECKPOINT_BYTES", "common_prefix"]
 
 #: checkpoints kept at most (llama-server's ``--ctx-checkpoints``; its default is 32)
@@ -172,131 +172,84 @@ class CheckpointStore:
         }
 
 
-def _memory(llm):
-    return llama_cpp.llama_get_memory(llm._ctx.ctx)
+class PrefixReuse:
+    """Prompt reuse per slot: what a request keeps of what its slot holds, and where its prompt's
+    checkpoints are taken.
 
-
-def _pos_max(llm) -> int:
-    # a hybrid memory answers the smaller of its attention and recurrent parts' last positions
-    return int(llama_cpp.llama_memory_seq_pos_max(_memory(llm), 0))
-
-
-class PromptReuse:
-    """Prompt reuse for a :class:`~llama_metaws.Llama` whose target is recurrent or hybrid and
-    drafts with its MTP head (``active``): the checkpoint store and the request-start logic.
-
-    ``ctx_checkpoints`` (count) and ``ctx_checkpoints_bytes`` bound the store; ``checkpoint_every``
-    adds a checkpoint every that many positions of a long prompt (0: only at each prompt's end).
+    ``recurrent``: the target has recurrent state (hybrid or recurrent: qwen35), so a cut needs
+    its rollback snapshots (``reach``: its ``n_rs_seq``) or a checkpoint; other targets cut their
+    KV anywhere. ``checkpoint_every`` adds a checkpoint every that many positions of a long prompt
+    (0: only at each prompt's end and :data:`TAIL` tokens before it).
     """
 
-    def __init__(self, ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS,
-                 checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
-                 ctx_checkpoints_bytes: int = DEFAULT_CHECKPOINT_BYTES) -> None:
-        self.store = CheckpointStore(ctx_checkpoints, ctx_checkpoints_bytes)
+    def __init__(self, *, recurrent: bool, reach: int, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY) -> None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be an integer >= 0 (0: only at the end of each "
                              f"prompt), got {checkpoint_every!r}")
+        self.recurrent = recurrent
+        self.reach = reach
         self.every = checkpoint_every
-        self.active = False
 
-    def chunks(self, n_past: int, n: int, n_batch: int, prompt: bool, held_back: int = 0, reach: int = 0):
-        """(start, size, backs) for evaluating ``n`` tokens after ``n_past``, less the last
-        ``held_back`` (evaluated later, with drafts): chunks of ``n_batch`` at most; ``backs``, the
-        checkpoints to take after a chunk, each as positions before its end (0: at its end).
+    def start(self, engine, slot, prompt: Sequence[int], *, fresh: bool = False) -> int:
+        """Cut the slot's sequence to the longest reusable prefix of ``prompt`` (on both contexts);
+        return the positions kept. In order: the state held, when it lies inside the common
+        prefix; a cut (a recurrent target: where its snapshots restore it exactly, patch 0011);
+        the newest checkpoint inside the prefix; else nothing. The last prompt token is always
+        evaluated (sampled from, or drafted from and decoded with its draft). ``fresh``: keep
+        nothing."""
+        held = slot.held()
+        limit = 0 if fresh else min(common_prefix(held, prompt), len(prompt) - 1)
+        seq = slot.seq_id
+        if limit >= slot.n > 0:
+            return slot.n  # the live state: nothing to cut
+        if limit > 0 and engine.seq_rm(seq, limit):  # both contexts; false where a snapshot cannot
+            slot.keep(limit, slot.row(limit - 1))
+            return limit
+        if self.recurrent and limit > 0:
+            store = slot.checkpoints
+            store.prune(held)
+            cp = store.best(limit)
+            if cp is not None:
+                try:
+                    store.restore(engine.target.ctx, cp)
+                    ok = engine.seq_rm(seq, cp.n_tokens, target_only=True) and \
+                        engine.seq_pos_max(seq) == cp.n_tokens - 1
+                except RuntimeError:
+                    ok = False
+                if ok and engine.seq_rm_draft(seq, cp.n_tokens):
+                    slot.keep(cp.n_tokens, cp.row)
+                    return cp.n_tokens
+        engine.clear_sequence(slot)
+        return 0
 
-        A request's ``prompt`` takes one at each multiple of ``every`` and at the end of what is
-        evaluated here (chunks end there), and one :data:`TAIL` tokens before the end (as
-        llama-server does: the next prompt may part from this one in its last tokens, a chat
-        template's or a tokenizer's seam). That one is read from the last decode's rollback
-        snapshots when they reach it (``reach``: the target's ``n_rs_seq``; the snapshots hold
-        the states after a batch's last ``reach + 1`` tokens), else a chunk ends there too."""
-        save = prompt and self.active and self.store.enabled
-        end = n - held_back
-        stops, tail = set(), n - TAIL
-        if save:
-            stops.add(end)
-            if self.every:
-                stops.update(range(self.every - n_past % self.every, n, self.every))
-        stops = {x for x in stops if 0 < x <= end}
-        bounds = list(self._bounds(end, n_batch, stops))
-        taken = {}
-        if save and 0 < tail <= end and tail not in stops:
-            stop = next(b for a, b in bounds if a < tail <= b)
-            if stop - tail <= reach:  # fewer than the chunk's tokens: its last ubatch holds them
-                taken[stop] = stop - tail
+    def stops(self, slot, n_past: int, end: int, prompt_len: int) -> None:
+        """Set the slot's checkpoint stops for evaluating its prompt from ``n_past`` to ``end``:
+        a chunk ends at every multiple of ``every`` and at ``end``, each taking a checkpoint
+        there; the one :data:`TAIL` tokens before the prompt's end is read back from the last
+        chunk's rollback snapshots where they reach it, else a chunk ends there too."""
+        slot.stops, slot.tail = {}, None
+        if not (self.recurrent and slot.checkpoints.enabled):
+            return
+        stops = {end: [0]}
+        if self.every:
+            for p in range(self.every - n_past % self.every + n_past, end, self.every):
+                stops.setdefault(p, [0])
+        tail = prompt_len - TAIL
+        if n_past < tail < end and tail not in stops:
+            if end - tail <= self.reach:
+                slot.tail = tail  # read back from the last chunk's snapshots (schedule._prompt_chunk)
             else:
-                stops.add(tail)
-                bounds = list(self._bounds(end, n_batch, stops))
-        for start, stop in bounds:
-            backs = ([taken[stop]] if stop in taken else []) + ([0] if stop in stops else [])
-            yield start, stop - start, backs
+                stops[tail] = [0]
+        slot.stops = stops
 
-    @staticmethod
-    def _bounds(end: int, n_batch: int, stops: set):
-        start = 0
-        while start < end:
-            stop = min([start + n_batch, end] + [x for x in stops if x > start])
-            yield start, stop
-            start = stop
-
-    def save(self, llm, back: int = 0) -> None:
-        """A checkpoint of the target as it stands, or ``back`` positions before (from its
-        rollback snapshots); every position evaluated is in the prompt."""
-        n = llm.n_tokens - back
-        self.store.save(llm._ctx.ctx, llm.input_ids[:n], llm._mtp.rows.get(n - 1), back)
-
-    def start(self, llm, tokens: List[int]) -> None:
-        """Put the target (and the draft context) at the longest reusable prefix of ``tokens``.
-
-        In order: the state held, when it lies inside the common prefix; the state held cut back
-        to the prefix, where the recurrent snapshots can do that exactly (``seq_rm`` says so, with
-        the series' patch 0011); the newest checkpoint inside the prefix; else nothing (a full
-        evaluation). The last prompt token is always evaluated (the binding samples from its
-        logits). The binding's own prefix match then finds exactly the positions kept.
-        """
-        mtp = llm._mtp
-        n_held = llm.n_tokens
-        if mtp.fed > n_held:
-            mtp.sync(n_held)
-        held = llm.input_ids[:n_held]
-        self.store.prune(held)
-        limit = min(common_prefix(held, tokens), len(tokens) - 1)
-        if limit > 0 and mtp.fed == n_held and _pos_max(llm) == n_held - 1:
-            if n_held <= limit:
-                return  # the live state: nothing to restore
-            if llama_cpp.llama_memory_seq_rm(_memory(llm), 0, limit, -1):  # inside the snapshots
-                llm.n_tokens = limit
-                mtp.sync(limit)
-                llm._requires_eval = True
-                return
-        cp = self.store.best(limit)
-        if cp is not None and cp.n_tokens <= mtp.fed:  # the draft context holds its positions
-            try:
-                self.store.restore(llm._ctx.ctx, cp)
-                ok = (llama_cpp.llama_memory_seq_rm(_memory(llm), 0, cp.n_tokens, -1)
-                      and _pos_max(llm) == cp.n_tokens - 1)
-            except RuntimeError:
-                ok = False
-            if ok:
-                llm.n_tokens = cp.n_tokens
-                mtp.restart_at(cp.n_tokens, cp.row)
-                llm._requires_eval = True
-                return
-        llm.reset()  # no reuse
-
-    def end(self, llm, sampled: List[int]) -> None:
-        """A request ended: cut the target back to what it sampled (drafts evaluated past the last
-        sampled token stay otherwise), where the snapshots can, so that the next request's common
-        prefix reaches the live state."""
-        n = common_prefix(llm.input_ids[: llm.n_tokens], sampled)
-        if 0 < n < llm.n_tokens and llama_cpp.llama_memory_seq_rm(_memory(llm), 0, n, -1):
-            llm.n_tokens = n
-            llm._mtp.sync(n)
-
-    def stats(self) -> dict:
-        """The store's :meth:`CheckpointStore.stats`, ``every``, and ``enabled`` (this instance
-        reuses prompts through checkpoints: a recurrent or hybrid target with MTP drafting)."""
-        return dict(self.store.stats(), enabled=self.active and self.store.enabled, every=self.every)
+    def save(self, ctx, slot, tokens: Sequence[int], rows, i_end: int, back: int) -> None:
+        """A checkpoint of the slot's sequence after ``tokens``, read ``back`` positions before the
+        last decode's end (``i_end``: that position's index in the batch; ``rows``: the batch's
+        hidden rows, for the draft's pairing)."""
+        row = None if rows is None else rows[i_end - back]
+        cp = slot.checkpoints.save(ctx, tokens, row, back)
+        if cp is not None and cp.row is not None:
+            slot.rows[cp.n_tokens - 1] = cp.row
 
 
 class DraftingLlamaState(llama_cpp.LlamaState):

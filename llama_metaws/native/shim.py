@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 
-from ..errors import LlamaMetawsError, NativeBuildMissing
+from ..errors import GrammarError, LlamaMetawsError, NativeBuildMissing, SamplingError
 from .runtime import require_build
 
 
@@ -43,6 +43,8 @@ def check_error(status: int) -> int:
         lib.LMWS_ERANGE: IndexError,
         lib.LMWS_ENOMEM: MemoryError,
         lib.LMWS_ENOTSUP: NotImplementedError,
+        lib.LMWS_EGRAMMAR: GrammarError,
+        lib.LMWS_ESAMPLER: SamplingError,
     }.get(status, LlamaMetawsError)
     raise exc(message)
 

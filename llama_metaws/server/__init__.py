@@ -1,13 +1,16 @@
-"""``llama-metaws serve``: an OpenAI-compatible server on the patched ``Llama``.
+"""``llama-metaws serve``: OpenAI's API and llama-server's own on the patched ``Llama``.
 
 llama-cpp-python's request types and ``Llama.create_completion`` / ``create_chat_completion``
-(the model's chat template, stop strings, seeds, logprobs, grammars) do the work; the serving
-around them is ours (:mod:`.app`, :mod:`.worker`): one thread owns the model and runs one request
-at a time, a dropped or interrupted stream frees it after its next token, a request that waits
-while ``--queue-size`` others wait already gets a 503, bad requests get a 4xx in OpenAI's error
-shape, every response carries llama-server's ``timings`` (draft counts included) and
-``--metrics`` serves ``GET /metrics``. SIGTERM and SIGINT cancel the request in flight and stop
-the server within seconds.
+(the chat template, stop strings, seeds, logprobs, grammars) do the work; the serving around
+them is ours: the request layer (:mod:`.requests`, :mod:`.openai_api`, :mod:`.llama_api`,
+:mod:`.chat`, :mod:`.app`) checks, tokenizes and shapes, off the model's thread, and talks to the
+model only through ``Llama``'s public calls and to the worker (:mod:`.worker`) through a small
+interface (its module docstring), so the scheduler under it can change. One thread owns the model
+and runs one request at a time, a dropped or interrupted stream frees it after its next token, a
+request that waits while ``--queue-size`` others wait already gets a 503, bad requests get a 4xx
+in their API's error shape, every response carries llama-server's ``timings`` (draft counts
+included) and ``--metrics`` serves ``GET /metrics``. SIGTERM and SIGINT cancel the request in
+flight and stop the server within seconds.
 """
 
 from __future__ import annotations
@@ -22,17 +25,14 @@ GRACEFUL_SHUTDOWN_S = 3   # uvicorn waits this long for open connections after a
 WORKER_JOIN_S = 5         # then the model's thread this long before the process exits anyway
 
 
-def model_names(model: str, alias: str):
-    """The names a request may give for the model: the alias, the path given, the file's name."""
-    p = Path(model)
-    return [alias, model, p.name, p.stem]
-
-
 def serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
         from .app import create_app
+        from .chat import ChatTemplate
+        from .openai_api import system_fingerprint
+        from .requests import ModelAccess
         from .worker import ModelWorker, ServedLlama
     except ImportError as e:
         print(f"llama-metaws serve needs the server extra (pip install 'llama-metaws[server]'): {e}",
@@ -49,10 +49,20 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"llama-metaws serve: {e}", file=sys.stderr)
         return 2
+    try:
+        template = ChatTemplate.for_model(llm, args.chat_template, args.chat_template_file)
+    except ValueError as e:
+        llm.close()
+        print(f"llama-metaws serve: {e}", file=sys.stderr)
+        return 2
+    if template is not None:  # chats render as /apply-template shows them (see .chat)
+        llm.chat_handler = template.handler
     alias = args.alias or Path(args.model).name
+    model = ModelAccess(llm, template, alias=alias, temperature=args.temp, n_predict=args.n_predict)
     worker = ModelWorker(llm, queue_size=args.queue_size)
-    app = create_app(worker, alias=alias, names=model_names(args.model, alias), api_key=args.api_key,
-                     metrics=args.metrics)
+    app = create_app(worker, model, api_key=args.api_key, metrics=args.metrics, slots=args.slots,
+                     max_body_size=args.max_body_size, model_path=args.model,
+                     build_info=f"llama-metaws {system_fingerprint()}")
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # SIGTERM, SIGINT: cancel the request in flight too

@@ -1,16 +1,34 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with a status."""
+"""Errors as answers, in the two shapes clients expect.
+
+OpenAI's routes (``/v1/...``) answer ``{"error": {"message", "type", "param", "code"}}`` with a
+string ``code``; llama-server's own routes (``/completion``, ``/tokenize``, ``/props``, ...)
+answer its shape, ``{"error": {"code": <HTTP status>, "message", "type"}}`` with its types
+(``invalid_request_error``, ``authentication_error``, ``not_found_error``, ``server_error``,
+``not_supported_error``, ``unavailable_error``, ``exceed_context_size_error``).
+"""
 
 from __future__ import annotations
 
 from typing import Dict, Optional
 
+from ..engine.rpc import RPCServerError
+from ..errors import GrammarError, SamplingError
+
+OPENAI = "openai"
+LLAMA = "llama"
+
+# llama-server's error type for each status (server-common.cpp, format_error_response)
+_LLAMA_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 500: "server_error", 501: "not_supported_error",
+                503: "unavailable_error"}
+
 
 class RequestError(Exception):
-    """An answer that is an error: its HTTP status and OpenAI's error object."""
+    """An answer that is an error: its HTTP status and what the error object says."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: Optional[str] = None, code: Optional[str] = None,
-                 headers: Optional[Dict[str, str]] = None):
+                 headers: Optional[Dict[str, str]] = None, extra: Optional[dict] = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -18,8 +36,16 @@ class RequestError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.extra = extra or {}  # llama-server's extra fields (n_prompt_tokens, n_ctx)
 
-    def body(self) -> dict:
+    def body(self, dialect: str = OPENAI) -> dict:
+        if dialect == LLAMA:
+            if self.code == "context_length_exceeded":
+                kind = "exceed_context_size_error"
+            else:
+                kind = _LLAMA_TYPES.get(self.status, "server_error" if self.status >= 500 else
+                                        "invalid_request_error")
+            return {"error": {"code": self.status, "message": self.message, "type": kind, **self.extra}}
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
@@ -36,8 +62,14 @@ def shutting_down() -> RequestError:
     return RequestError(503, "the server is shutting down", type="server_error", code="shutting_down")
 
 
-def from_model_error(error: BaseException, prompt_param: str) -> RequestError:
-    """What the model raised, as an answer: the binding's ValueErrors are the request's fault."""
+def unavailable(reason: str) -> RequestError:
+    return RequestError(503, f"the model cannot serve: {reason}; restart the server", type="server_error",
+                        code="model_unavailable")
+
+
+def from_model_error(error: BaseException, prompt_param: str, grammar_param: Optional[str] = None) -> RequestError:
+    """What the model raised, as an answer: the binding's ValueErrors are the request's fault,
+    a grammar no token can continue too; a sampler that threw or a lost RPC server the server's."""
     if isinstance(error, RequestError):
         return error
     if isinstance(error, Cancelled):
@@ -45,6 +77,13 @@ def from_model_error(error: BaseException, prompt_param: str) -> RequestError:
             return shutting_down()
         return RequestError(499, "the request was cancelled", code="cancelled")
     text = str(error)
+    if isinstance(error, RPCServerError):
+        return unavailable(text)
+    if isinstance(error, GrammarError):
+        return RequestError(400, f"{text} (the request's grammar, response_format or tool_choice cannot be "
+                            "met by this model)", param=grammar_param, code="grammar_error")
+    if isinstance(error, SamplingError):
+        return RequestError(500, text, type="server_error", code="sampling_failed")
     if isinstance(error, ValueError):
         if "exceed context window" in text:
             # the binding's "Requested tokens (N) exceed context window of C"

@@ -1,72 +1,202 @@
-"""What a completion or chat request may ask for, checked before it reaches the model.
+"""What a request may ask for, checked before it reaches the model; what it runs as (:class:`Plan`).
 
-The request bodies are llama-cpp-python's server types (``CreateCompletionRequest``,
-``CreateChatCompletionRequest``); on top of their validation a request is refused, with a 4xx
-in OpenAI's error shape, when it names a parameter those types do not know, a model this server
-does not serve, ``max_tokens`` below 1, ``n``/``best_of`` other than 1 (one choice per request
-here), an empty prompt or no messages, or several prompts at once. :class:`Plan` holds what is
-left: the keyword arguments of ``Llama.create_completion`` / ``create_chat_completion``.
+The request layer talks to the model through :class:`ModelAccess` only: ``Llama``'s public calls
+that are safe from any thread while the model's thread generates (tokenize, detokenize,
+check_grammar, the vocabulary's size, the context's), and the chat template. Everything here runs
+off the model's thread (the app calls it in a worker thread): a prompt is tokenized here, and a
+grammar parsed here, so a bad one is a 400 before it is queued and a huge prompt costs the model
+nothing. The tokens travel with the plan (:attr:`Plan.tokens`), keyed as the binding asks for
+them, and the model's ``tokenize`` answers from them.
+
+OpenAI's routes (:func:`completion`, :func:`chat`) take llama-cpp-python's server types
+(``CreateCompletionRequest``, ``CreateChatCompletionRequest``) plus the OpenAI fields listed in
+:data:`OPENAI_ACCEPTED`; a parameter neither knows is a 400 naming it. llama-server's own
+``/completion`` is :mod:`.llama_api`'s, on the same :class:`Plan`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
+from .chat import ChatTemplate, normalize_messages
 from .errors import RequestError
 
 # parameters of the request types that are not keyword arguments of the Llama calls
 _NOT_KWARGS = {"model", "n", "best_of", "user", "logit_bias", "logit_bias_type", "min_tokens", "grammar",
                "max_completion_tokens"}
 
+#: OpenAI fields the binding's types do not have, accepted here: ``stream_options.include_usage``
+#: is honoured (a last chunk with the usage); ``parallel_tool_calls`` (a chat answer calls one
+#: tool at most here), ``store``, ``metadata``, ``reasoning_effort`` (the binding's chat handler
+#: passes nothing to the template) and ``service_tier`` are accepted and ignored.
+OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata", "reasoning_effort",
+                   "service_tier"}
+
+TokenKey = Tuple[bytes, bool, bool]  # what the binding passes to Llama.tokenize: text, add_bos, special
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is out of a double's range")
+    return value
+
 
 def parse_json(raw: bytes) -> dict:
-    """The body as a JSON object, or a 400."""
+    """The body as a JSON object, or a 400 (as RFC 8259 has it: no NaN or Infinity, no number out
+    of a double's range; no lone UTF-16 surrogate in a string)."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise RequestError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object", code="invalid_json")
+    _check_unicode(body)
     return body
+
+
+def _check_unicode(body) -> None:
+    """JSON's ``\\ud800`` escapes may leave a lone UTF-16 surrogate in a string, which no UTF-8
+    text (a prompt, a stop string, a grammar) can hold: a 400 here, not a failure later."""
+    todo = [body]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, list):
+            todo.extend(value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise RequestError(400, f"the request body is not valid Unicode: a string holds a lone surrogate "
+                                   f"({value[e.start]!r})", code="invalid_json") from None
+
+
+class ModelAccess:
+    """The request layer's door to the model (see the module docstring), and the server's defaults
+    (``--temp``, ``-n``)."""
+
+    def __init__(self, llm, chat_template: Optional[ChatTemplate] = None, *, alias: str = "model",
+                 temperature: Optional[float] = None, n_predict: Optional[int] = None):
+        self.llm = llm
+        self.chat = chat_template
+        self.alias = alias
+        self.temperature = temperature
+        self.n_predict = n_predict
+        # the context one sequence (one slot) has: all of it with -kvu (or one slot), else its share
+        self.n_ctx = int(llm.n_ctx_slot())
+        self.n_slots = len(llm.slots())
+        self.n_vocab = int(llm.n_vocab())
+        # the tokens a string prompt gets around it (BOS, EOS) when the binding completes it
+        self.n_specials = len(llm.tokenize(b"a", add_bos=True)) - len(llm.tokenize(b"a", add_bos=False))
+        self.drafting = bool(llm.drafting)
+
+    def tokenize(self, text: str, add_bos: bool, special: bool, tokens: Dict[TokenKey, List[int]]) -> List[int]:
+        key = (text.encode("utf-8"), add_bos, special)
+        if key not in tokens:
+            tokens[key] = list(self.llm.tokenize(key[0], add_bos=add_bos, special=special))
+        return tokens[key]
+
+    def check_tokens(self, ids, param: str) -> List[int]:
+        """Token ids, each inside the vocabulary (llama.cpp would throw on one outside it)."""
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise RequestError(400, f"invalid {param!r}: a list of token ids (integers) is expected", param=param,
+                               code="invalid_value")
+        bad = next((t for t in ids if not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise RequestError(400, f"invalid {param!r}: token {bad} is outside the vocabulary [0, {self.n_vocab})",
+                               param=param, code="invalid_value")
+        return ids
+
+    def check_context(self, n_prompt: int, param: str) -> None:
+        """The binding's own check, before the request waits for the model."""
+        if n_prompt >= self.n_ctx:
+            raise RequestError(400, f"the prompt is too long for the context: Requested tokens ({n_prompt}) "
+                               f"exceed context window of {self.n_ctx}; use a shorter prompt or start the server "
+                               "with a larger -c", param=param, code="context_length_exceeded",
+                               extra={"n_prompt_tokens": n_prompt, "n_ctx": self.n_ctx})
+
+    def check_grammar(self, text: str, param: str) -> None:
+        try:
+            self.llm.check_grammar(text)
+        except ValueError as e:
+            raise RequestError(400, f"invalid {param!r}: {e}", param=param, code="invalid_grammar") from None
+
+    def schema_grammar(self, schema, param: str) -> str:
+        """A JSON schema's grammar as the binding makes it, checked; a 400 when it cannot be."""
+        from ..native.binding import llama_cpp
+
+        try:
+            text = llama_cpp.llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+        except Exception as e:  # noqa: BLE001 - the converter raises what it meets (KeyError, ValueError, ...)
+            raise RequestError(400, f"invalid {param!r}: the JSON schema cannot be turned into a grammar: "
+                               f"{type(e).__name__}: {e}", param=param, code="invalid_value") from None
+        self.check_grammar(text, param)
+        return text
+
+
+def logit_bias_processor(bias: Dict[int, float]):
+    """A logits processor adding ``bias`` to the scores, as the binding's own does."""
+    import numpy as np
+
+    ids = np.array(list(bias), dtype=np.intc)
+    values = np.array(list(bias.values()), dtype=np.single)
+
+    def apply(input_ids, scores):
+        scores = np.copy(scores)
+        scores[ids] += values
+        return scores
+
+    return apply
 
 
 @dataclasses.dataclass
 class Plan:
-    """A checked request: which call, its keyword arguments, and what needs the model first."""
+    """A checked request: which call, its keyword arguments, and what it brings along."""
 
     kind: str                      # "completion" | "chat"
     kwargs: dict
     stream: bool
     prompt_param: str              # where a too-long prompt is reported: "prompt" | "messages"
-    logit_bias: Optional[Dict[str, float]] = None
-    logit_bias_tokens: bool = False
+    grammar_param: Optional[str] = None  # what constrains the output: "grammar", "response_format", ...
+    logit_bias: Optional[Dict[int, float]] = None
     min_tokens: int = 0
+    include_usage: bool = False
+    tokens: Dict[TokenKey, List[int]] = dataclasses.field(default_factory=dict)  # tokenized already
+    n_prompt: Optional[int] = None  # the prompt's tokens, when known before the run
+    info: dict = dataclasses.field(default_factory=dict)  # what GET /slots shows as the request's params
+    id_slot: Optional[int] = None  # llama-server's id_slot: the engine slot to run on (None: any)
 
     def call_kwargs(self, llm) -> dict:
-        """The keyword arguments, completed with what needs the loaded model."""
+        """The keyword arguments, completed with what needs the loaded model. A logit bias goes
+        into our own processor list: the binding's ``LogitsProcessorList.extend`` returns None,
+        so its own bias dropped ``min_tokens`` and itself when both were given."""
         from ..native.binding import llama_cpp
 
         kw = dict(self.kwargs)
-        if self.logit_bias:
-            if self.logit_bias_tokens:
-                bias: Dict[str, float] = {}
-                for text, score in self.logit_bias.items():
-                    for token in llm.tokenize(text.encode("utf-8"), add_bos=False, special=True):
-                        bias[str(token)] = score
-                kw["logit_bias"] = bias
-            else:
-                kw["logit_bias"] = self.logit_bias
+        processors = []
         if self.min_tokens > 0:
-            kw["logits_processor"] = llama_cpp.LogitsProcessorList(
-                [llama_cpp.MinTokensLogitsProcessor(self.min_tokens, llm.token_eos())])
+            processors.append(llama_cpp.MinTokensLogitsProcessor(self.min_tokens, llm.token_eos()))
+        if self.logit_bias:
+            processors.append(logit_bias_processor(self.logit_bias))
+        if processors:
+            kw["logits_processor"] = llama_cpp.LogitsProcessorList(processors)
         return kw
 
     def run(self, llm):
-        """``create_completion`` or ``create_chat_completion`` with these arguments."""
+        """``create_completion`` or ``create_chat_completion`` with these arguments (on the slot
+        asked for, if any)."""
         call: Callable = llm.create_completion if self.kind == "completion" else llm.create_chat_completion
-        return call(**self.call_kwargs(llm))
+        with llm.on_slot(self.id_slot):
+            return call(**self.call_kwargs(llm))
 
 
 def _request_types():
@@ -75,7 +205,7 @@ def _request_types():
     return CreateCompletionRequest, CreateChatCompletionRequest
 
 
-def _check_known(body: dict, known: Iterable[str]) -> None:
+def check_known(body: dict, known) -> None:
     unknown = sorted(k for k in body if k not in known)
     if unknown:
         raise RequestError(400, f"unsupported parameter: {unknown[0]!r} (this server does not implement "
@@ -83,18 +213,7 @@ def _check_known(body: dict, known: Iterable[str]) -> None:
                            param=unknown[0], code="unsupported_parameter")
 
 
-def _check_model(body: dict, names: Iterable[str]) -> None:
-    model = body.get("model")
-    if model is None:
-        return
-    names = list(names)
-    if model not in names:
-        # the requested name is not echoed back: it is the client's text
-        raise RequestError(404, f"the requested model does not exist here; this server serves "
-                           f"{names[0]!r} (GET /v1/models)", param="model", code="model_not_found")
-
-
-def _check_max_tokens(body: dict, key: str) -> None:
+def check_max_tokens(body: dict, key: str) -> None:
     value = body.get(key)
     if value is None or isinstance(value, bool) or not isinstance(value, int):
         return  # absent, null, or a type the request type reports
@@ -103,7 +222,7 @@ def _check_max_tokens(body: dict, key: str) -> None:
                            code="invalid_value")
 
 
-def _check_one_choice(body: dict, key: str) -> None:
+def check_one_choice(body: dict, key: str) -> None:
     value = body.get(key, 1)
     if value is not None and value != 1:
         raise RequestError(400, f"{key}={value!r} is not supported: this server returns one choice per "
@@ -111,7 +230,7 @@ def _check_one_choice(body: dict, key: str) -> None:
                            param=key, code="unsupported_value")
 
 
-def _validate(model_type, body: dict):
+def validate(model_type, body: dict):
     from pydantic import ValidationError
 
     try:
@@ -124,67 +243,193 @@ def _validate(model_type, body: dict):
                            code="invalid_value") from None
 
 
-def _grammar(text: Optional[str]):
-    if text is None:
-        return None
-    from ..native.binding import llama_cpp
-
-    try:
-        return llama_cpp.LlamaGrammar.from_string(text, verbose=False)
-    except Exception as e:  # noqa: BLE001 - the binding raises ValueError or RuntimeError
-        raise RequestError(400, f"invalid 'grammar': {e}", param="grammar", code="invalid_value") from None
-
-
-def _plan(kind: str, req, body: dict, kwargs: dict, prompt_param: str, alias: str) -> Plan:
-    kwargs["model"] = alias  # the response names the model as /v1/models does
-    grammar = _grammar(req.grammar)
-    if grammar is not None:
-        kwargs["grammar"] = grammar
-    return Plan(kind=kind, kwargs=kwargs, stream=bool(req.stream), prompt_param=prompt_param,
-                logit_bias=req.logit_bias, logit_bias_tokens=req.logit_bias_type == "tokens",
-                min_tokens=req.min_tokens)
-
-
-def completion(body: dict, names: Iterable[str], alias: str) -> Plan:
-    """``POST /v1/completions``."""
-    completion_type, _ = _request_types()
-    _check_known(body, completion_type.model_fields)
-    _check_model(body, names)
-    _check_max_tokens(body, "max_tokens")
-    _check_one_choice(body, "n")
-    _check_one_choice(body, "best_of")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list):
-        if len(prompt) > 1:
-            raise RequestError(400, f"{len(prompt)} prompts in one request: send one prompt per request",
-                               param="prompt", code="unsupported_value")
-        prompt = prompt[0] if prompt else ""
-        body = dict(body, prompt=prompt)
-    if prompt is None or prompt == "":
-        raise RequestError(400, "the prompt is empty: send a non-empty 'prompt'", param="prompt",
+def _stream_options(body: dict) -> bool:
+    """Whether a stream ends with a usage chunk; ``stream_options`` only goes with ``stream``."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
+        raise RequestError(400, "invalid 'stream_options': an object such as {\"include_usage\": true} is expected",
+                           param="stream_options", code="invalid_value")
+    if not body.get("stream"):
+        raise RequestError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options",
                            code="invalid_value")
-    req = _validate(completion_type, body)
+    return bool(opts.get("include_usage"))
+
+
+def _logit_bias(model: ModelAccess, req, kind: str) -> Optional[Dict[int, float]]:
+    """The request's logit bias by token id: keys are ids, or with ``logit_bias_type: tokens``
+    texts whose every token gets the bias."""
+    if not req.logit_bias:
+        return None
+    bias: Dict[int, float] = {}
+    for key, score in req.logit_bias.items():
+        if req.logit_bias_type == "tokens":
+            for token in model.tokenize(key, add_bos=False, special=True, tokens={}):
+                bias[token] = float(score)
+        else:
+            try:
+                token = int(key)
+            except ValueError:
+                raise RequestError(400, f"invalid 'logit_bias': key {key!r} is not a token id (send "
+                                   "logit_bias_type: tokens for texts)", param="logit_bias",
+                                   code="invalid_value") from None
+            model.check_tokens([token], "logit_bias")
+            bias[token] = float(score)
+    return bias
+
+
+def _defaults(model: ModelAccess, body: dict, max_key: str) -> dict:
+    """The server's --temp and -n where the request does not say."""
+    if model.temperature is not None and body.get("temperature") is None:
+        body = dict(body, temperature=model.temperature)
+    if model.n_predict is not None and body.get(max_key) is None and body.get("max_completion_tokens") is None:
+        body = dict(body, **{max_key: model.n_predict if model.n_predict > 0 else None})
+    return body
+
+
+def _info(kwargs: dict, stream: bool) -> dict:
+    """llama-server's generation settings of a request, as far as they exist here (GET /slots)."""
+    return {"n_predict": kwargs.get("max_tokens") or -1, "max_tokens": kwargs.get("max_tokens") or -1,
+            "temperature": kwargs.get("temperature"), "top_k": kwargs.get("top_k"), "top_p": kwargs.get("top_p"),
+            "min_p": kwargs.get("min_p"), "typical_p": kwargs.get("typical_p", 1.0),
+            "repeat_penalty": kwargs.get("repeat_penalty"), "presence_penalty": kwargs.get("presence_penalty"),
+            "frequency_penalty": kwargs.get("frequency_penalty"), "mirostat": kwargs.get("mirostat_mode", 0),
+            "mirostat_tau": kwargs.get("mirostat_tau"), "mirostat_eta": kwargs.get("mirostat_eta"),
+            "seed": kwargs.get("seed") if kwargs.get("seed") is not None else -1,
+            "stop": kwargs.get("stop") or [], "stream": stream}
+
+
+def completion(body: dict, model: ModelAccess) -> Plan:
+    """``POST /v1/completions``. Any model name is served (there is one model)."""
+    completion_type, _ = _request_types()
+    check_known(body, set(completion_type.model_fields) | OPENAI_ACCEPTED)
+    include_usage = _stream_options(body)
+    body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED}
+    check_max_tokens(body, "max_tokens")
+    check_one_choice(body, "n")
+    check_one_choice(body, "best_of")
+    body = _defaults(model, body, "max_tokens")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        token_prompt = model.check_tokens(prompt, "prompt")  # OpenAI's token-array prompt
+        body = dict(body, prompt="tokens")
+    else:
+        token_prompt = None
+        if isinstance(prompt, list):
+            if len(prompt) > 1:
+                raise RequestError(400, f"{len(prompt)} prompts in one request: send one prompt per request",
+                                   param="prompt", code="unsupported_value")
+            prompt = prompt[0] if prompt else ""
+            body = dict(body, prompt=prompt)
+        if prompt is None or prompt == "":
+            raise RequestError(400, "the prompt is empty: send a non-empty 'prompt'", param="prompt",
+                               code="invalid_value")
+    req = validate(completion_type, body)
     kwargs = req.model_dump(exclude=_NOT_KWARGS)
     kwargs["echo"] = bool(kwargs.get("echo"))
-    return _plan("completion", req, body, kwargs, "prompt", alias)
+    plan = _plan("completion", req, kwargs, "prompt", model)
+    plan.include_usage = include_usage
+    if token_prompt is not None:
+        kwargs["prompt"] = token_prompt
+        plan.n_prompt = len(token_prompt)
+    else:  # as the binding will ask for it: no BOS (it adds its own), special tokens parsed without a suffix
+        n = len(model.tokenize(req.prompt, add_bos=False, special=req.suffix is None, tokens=plan.tokens))
+        plan.n_prompt = n + model.n_specials
+    model.check_context(plan.n_prompt, "prompt")
+    return plan
 
 
-def chat(body: dict, names: Iterable[str], alias: str) -> Plan:
+def _response_format(model: ModelAccess, body: dict) -> dict:
+    """OpenAI's ``{"type": "json_schema", "json_schema": {"schema": ...}}`` as the binding's
+    ``{"type": "json_object", "schema": ...}``; the grammar of either checked now."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return body
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise RequestError(400, "invalid 'response_format': its type must be 'text', 'json_object' or 'json_schema'",
+                           param="response_format", code="invalid_value")
+    if fmt["type"] == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise RequestError(400, "invalid 'response_format': json_schema must be an object with a 'schema'",
+                               param="response_format", code="invalid_value")
+        fmt = {"type": "json_object", "schema": spec.get("schema", {})} if spec.get("schema") else {"type": "json_object"}
+    if fmt["type"] == "json_object" and "schema" in fmt:
+        model.schema_grammar(fmt["schema"], "response_format")
+    return dict(body, response_format=fmt)
+
+
+def _forced_tool(model: ModelAccess, body: dict) -> Optional[str]:
+    """A named ``tool_choice``: the tool must be there, and its parameters' grammar check."""
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict):
+        return None
+    name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+    tools = body.get("tools") or []
+    tool = next((t for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
+                 and t["function"].get("name") == name), None)
+    if tool is None:
+        raise RequestError(400, f"invalid 'tool_choice': no tool named {name!r} in 'tools'", param="tool_choice",
+                           code="invalid_value")
+    params = tool["function"].get("parameters")
+    if params is not None:
+        # refused when the binding cannot convert it (it would fall back to any JSON, after
+        # recursing as deep as Python lets it on the model's thread)
+        model.schema_grammar(params, "tool_choice")
+    return "tool_choice"
+
+
+def chat(body: dict, model: ModelAccess) -> Plan:
     """``POST /v1/chat/completions``; ``max_completion_tokens`` is OpenAI's newer ``max_tokens``."""
     _, chat_type = _request_types()
-    _check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"})
-    _check_model(body, names)
-    _check_max_tokens(body, "max_tokens")
-    _check_max_tokens(body, "max_completion_tokens")
+    check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"} | OPENAI_ACCEPTED)
+    include_usage = _stream_options(body)
+    body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED}
+    check_max_tokens(body, "max_tokens")
+    check_max_tokens(body, "max_completion_tokens")
     if body.get("max_completion_tokens") is not None:
         if body.get("max_tokens") is not None and body["max_tokens"] != body["max_completion_tokens"]:
             raise RequestError(400, "max_tokens and max_completion_tokens differ: send one of them",
                                param="max_completion_tokens", code="invalid_value")
         body = dict(body, max_tokens=body["max_completion_tokens"])
-    _check_one_choice(body, "n")
+    check_one_choice(body, "n")
     if not body.get("messages"):
         raise RequestError(400, "no messages: send a non-empty 'messages' list", param="messages",
                            code="invalid_value")
-    req = _validate(chat_type, body)
+    body = _defaults(model, body, "max_tokens")
+    body = dict(body, messages=normalize_messages(body["messages"]))
+    body = _response_format(model, body)
+    req = validate(chat_type, body)
+    forced = _forced_tool(model, body)
     kwargs = req.model_dump(exclude=_NOT_KWARGS)
-    return _plan("chat", req, body, kwargs, "messages", alias)
+    kwargs["messages"] = body["messages"]  # as sent (normalized): the template sees what the client sent
+    plan = _plan("chat", req, kwargs, "messages", model)
+    plan.include_usage = include_usage
+    if plan.grammar_param is None and forced:
+        plan.grammar_param = forced
+    if plan.grammar_param is None and kwargs.get("response_format", {}) and \
+            (kwargs["response_format"] or {}).get("type") == "json_object":
+        plan.grammar_param = "response_format"
+    if model.chat is not None:  # the prompt the model's chat handler will render, tokenized here
+        prompt, added_special = model.chat.render(kwargs["messages"], tools=kwargs.get("tools"),
+                                                  tool_choice=kwargs.get("tool_choice"),
+                                                  functions=kwargs.get("functions"),
+                                                  function_call=kwargs.get("function_call"))
+        plan.n_prompt = len(model.tokenize(prompt, add_bos=not added_special, special=True, tokens=plan.tokens))
+        model.check_context(plan.n_prompt, "messages")
+    return plan
+
+
+def _plan(kind: str, req, kwargs: dict, prompt_param: str, model: ModelAccess) -> Plan:
+    kwargs["model"] = model.alias  # the response names the model as /v1/models does
+    grammar_param = None
+    if req.grammar is not None:
+        model.check_grammar(req.grammar, "grammar")
+        from ..native.binding import llama_cpp
+
+        kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(req.grammar, verbose=False)
+        grammar_param = "grammar"
+    return Plan(kind=kind, kwargs=kwargs, stream=bool(req.stream), prompt_param=prompt_param,
+                grammar_param=grammar_param, logit_bias=_logit_bias(model, req, kind), min_tokens=req.min_tokens,
+                info=_info(kwargs, bool(req.stream)))

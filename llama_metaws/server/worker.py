@@ -1,35 +1,80 @@
-"""One thread runs every request on the model, one at a time, in the order they came.
+"""The model's runners: ``-np N`` requests at once on the engine, the rest waiting in order.
 
 The HTTP side never touches the model: each request is a :class:`Job` handed to the
-:class:`ModelWorker`'s thread, which creates, advances and closes the request's generator
-itself, so a stream is never advanced or dropped on a thread other than the one that started it.
-The job's results come back to the event loop through ``call_soon_threadsafe``.
+:class:`ModelWorker`, whose runner threads (one per engine slot, ``-np``) each take the next job
+and run it through ``Llama.create_completion`` / ``create_chat_completion``: the engine steps
+every running job's request together (continuous batching, llama-server's ``-cb``). A runner
+creates, advances and closes its job's generator itself, so a stream is never advanced or dropped
+on a thread other than the one that started it; the job's results come back to the event loop
+through ``call_soon_threadsafe``.
 
 Ending a request early is a flag, never a lock: the HTTP side marks the job cancelled (the client
-went away, a stream was dropped) and the server's shutdown marks every job cancelled; the model
-sees it after the next sampled token (a stopping criterion of every generation, see
-:class:`ServedLlama`), the worker closes the generator there and then, and goes on with the next
-job. Requests that wait are counted: past ``queue_size`` a new one is refused with a 503 at once.
+went away, a stream was dropped) and the server's shutdown marks every job cancelled; a running
+job's engine request is cancelled too, so its slot is free at the engine's next step, and the
+runner closes the generator and takes the next job. Requests that wait are counted: past
+``queue_size`` a new one is refused with a 503 at once; a waiting request cancelled by its client
+stops counting at once (:meth:`ModelWorker.cancel`).
+
+What the HTTP side needs from the worker (the request layer depends on nothing else of it):
+:meth:`ModelWorker.submit` and :meth:`ModelWorker.cancel` of a :class:`Job`, whose ``items`` carry
+``("chunk", piece)`` (``piece``: the binding's chunk, the ids of the tokens sampled since the last
+one, the job's figures), ``("done", response)`` and ``("error", exception)``, and whose
+``token_ids``, ``n_decoded``, ``t_started``, ``t_first`` and ``progress`` tell how it went;
+``processing`` and ``deferred`` (metrics); :meth:`ModelWorker.slots` (GET /slots, llama-server's
+fields); ``unavailable`` (why the model cannot serve any more, or None: /health answers 503);
+``counters``; ``stop`` / ``close``; and ``llm``, whose public calls the request layer uses from
+other threads. A job's prompt comes tokenized (``Job.tokens``): the model's ``tokenize`` answers
+from there, on the runner's thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
+import itertools
 import queue
 import threading
-from typing import Any, Callable, List, Optional
+import time
+from typing import Any, Callable, Dict, List, Optional
 
+from ..engine.rpc import RPCServerError
 from ..llama import Llama
-from .errors import Cancelled, RequestError, shutting_down
+from .errors import Cancelled, RequestError, shutting_down, unavailable
+
+
+class _PerThread(threading.local):
+    request_check: Optional[Callable[[], bool]] = None  # set by a runner around its job
+    sampled: Optional[List[int]] = None                 # the job's token ids, appended as sampled
+    pretokenized: Optional[Dict[tuple, List[int]]] = None  # (text, add_bos, special) -> tokens
+    on_request: Optional[Callable[[Any], None]] = None  # told the job's engine request
+
+
+def _per_thread(name: str):
+    return property(lambda self: getattr(self._thread_state, name),
+                    lambda self, value: setattr(self._thread_state, name, value))
 
 
 class ServedLlama(Llama):
-    """Our ``Llama`` whose every generation also stops when :attr:`request_check` says so."""
+    """Our ``Llama`` as the runners use it: on each runner's thread, its every completion also
+    stops when :attr:`request_check` says so, records the tokens it samples in :attr:`sampled`,
+    tells :attr:`on_request` its engine request, and its ``tokenize`` answers from
+    :attr:`pretokenized` (the job's prompt, tokenized off the runners' threads). These are the
+    runner's own (thread-local): several jobs run at once."""
 
-    request_check: Optional[Callable[[], bool]] = None  # set by the worker around each job
+    _thread_state = _PerThread()
+    request_check = _per_thread("request_check")
+    sampled = _per_thread("sampled")
+    pretokenized = _per_thread("pretokenized")
+    on_request = _per_thread("on_request")
 
-    def generate(self, tokens, *args, stopping_criteria=None, **kwargs):
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> List[int]:
+        known = self.pretokenized
+        if known is not None:
+            tokens = known.get((bytes(text), bool(add_bos), bool(special)))
+            if tokens is not None:
+                return list(tokens)
+        return super().tokenize(text, add_bos, special)
+
+    def _create_completion(self, *args, stopping_criteria=None, **kwargs):
         check = self.request_check
         if check is not None:
             from ..native.binding import llama_cpp
@@ -38,23 +83,69 @@ class ServedLlama(Llama):
             if stopping_criteria:
                 ours.extend(stopping_criteria)
             stopping_criteria = ours
-        return super().generate(tokens, *args, stopping_criteria=stopping_criteria, **kwargs)
+        inner = super()._create_completion(*args, stopping_criteria=stopping_criteria, **kwargs)
+        sink = self.sampled
+        return inner if sink is None else self._recorded(inner, sink)
+
+    def _began(self, request) -> None:
+        super()._began(request)
+        tell = self.on_request
+        if tell is not None:
+            tell(request)
+
+    def _recorded(self, inner, sink: List[int]):
+        """``inner``'s items; before each, the engine request's new token ids appended to ``sink``."""
+        try:
+            for item in inner:
+                self._sync(sink)
+                yield item
+            self._sync(sink)
+        finally:
+            inner.close()
+
+    def _sync(self, sink: List[int]) -> None:
+        r = getattr(self._local, "request", None)
+        if r is not None:
+            sink.extend(r.generated[len(sink):])
 
 
 class Job:
-    """One request: ``run(llm)`` gives a response, or an iterator of chunks when ``stream``."""
+    """One request: ``run(llm)`` gives a response, or an iterator of chunks when ``stream``.
 
-    def __init__(self, run: Callable[[Any], Any], stream: bool, loop: asyncio.AbstractEventLoop):
+    ``tokens``: its prompt, tokenized by the request layer; ``n_prompt``: its length; ``info``:
+    what GET /slots shows as its parameters; ``n_predict``: its token budget (None: unbounded)."""
+
+    def __init__(self, run: Callable[[Any], Any], stream: bool, loop: asyncio.AbstractEventLoop, *,
+                 tokens: Optional[Dict[tuple, List[int]]] = None, n_prompt: Optional[int] = None,
+                 info: Optional[dict] = None, n_predict: Optional[int] = None):
         self.run = run
         self.stream = stream
         self.loop = loop
-        self.items: asyncio.Queue = asyncio.Queue()  # ("chunk", c) ... ("done", response) | ("error", e)
+        self.items: asyncio.Queue = asyncio.Queue()  # ("chunk", piece) ... ("done", response) | ("error", e)
         self.cancelled: Optional[str] = None         # "client" | "shutdown"; a plain attribute
         self.sampled = False                        # the model sampled a token for this job
+        self.tokens = tokens or {}
+        self.n_prompt = n_prompt
+        self.info = info or {}
+        self.n_predict = n_predict
+        self.id = -1                                # the task id, given by submit
+        self.state = "new"                          # new | waiting | dropped | running | ended
+        self.token_ids: List[int] = []               # every token sampled, in order
+        self.t_submitted = self.t_started = self.t_first = None
+        self.progress: Optional[dict] = None         # the prompt's figures, once its first token came
+        self.has_new_line = False
+        self.request = None                          # its engine request, once it runs
+
+    @property
+    def n_decoded(self) -> int:
+        return len(self.token_ids)
 
     def cancel(self, reason: str = "client") -> None:
         if self.cancelled is None:
             self.cancelled = reason
+        r = self.request
+        if r is not None:  # its slot is free at the engine's next step
+            r.cancel(reason)
 
     def put(self, kind: str, value: Any = None) -> None:
         """From the worker's thread to the event loop."""
@@ -83,13 +174,14 @@ class Counters:
         self.drafts = 0
         self.draft_tokens = 0
         self.draft_accepted = 0
+        self.draft_lengths: Dict[int, int] = {}  # draft length chosen -> steps (0: plain)
+        self.engine: Dict[str, int] = {}          # Llama.engine_stats()
         self.workspace: List = []
 
 
 def response_timings(llm) -> dict:
-    """llama-server's ``timings`` object for the request that just ended."""
+    """llama-server's ``timings`` object for the request this thread ran last."""
     t = llm.timings()
-    last = llm.draft_stats.last
     prompt_ms, predicted_ms = t["prompt_ms"], t["predicted_ms"]
     return {
         "cache_n": t["cache_n"],
@@ -102,67 +194,119 @@ def response_timings(llm) -> dict:
         "predicted_per_token_ms": predicted_ms / t["predicted_n"] if t["predicted_n"] else 0.0,
         "predicted_per_second": (t["predicted_n"] / predicted_ms * 1e3
                                  if t["predicted_n"] and predicted_ms > 0 else 0.0),
-        "draft_n": last.drafted,
-        "draft_n_accepted": last.accepted,
+        "draft_n": t["draft_n"],
+        "draft_n_accepted": t["draft_n_accepted"],
+        "draft_lengths": t["draft_lengths"],
+        "plain_steps_share": t["plain_steps_share"],
+        "queue_ms": t["queue_ms"],
     }
 
 
 class ModelWorker:
-    """The thread that owns the model (see the module docstring)."""
+    """The runners that serve the model (see the module docstring): ``n_parallel`` at once
+    (default: the engine's slots, ``-np``)."""
 
-    def __init__(self, llm: ServedLlama, queue_size: int = 16):
+    def __init__(self, llm: ServedLlama, queue_size: int = 16, n_parallel: Optional[int] = None):
         if queue_size < 0:
             raise ValueError(f"--queue-size must be >= 0, got {queue_size}")
         self.llm = llm
         self.queue_size = queue_size
+        self.n_parallel = n_parallel or len(llm.slots())
         self.counters = Counters()
         self.stopping = False
+        self.unavailable: Optional[str] = None  # why the model cannot serve any more (a lost RPC server)
+        self._ids = itertools.count()
         self._jobs: "queue.Queue[Optional[Job]]" = queue.Queue()
         self._lock = threading.Lock()
         self._waiting = 0
-        self._running: Optional[Job] = None
+        self._running: List[Job] = []
+        self._last: Dict[int, Job] = {}      # engine slot -> the job that ran there last
         self._snapshot()
-        self._thread = threading.Thread(target=self._loop, name="llama-metaws-model", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, name=f"llama-metaws-runner-{i}", daemon=True)
+                         for i in range(self.n_parallel)]
+        for th in self._threads:
+            th.start()
 
     # the event loop's side ----------------------------------------------------------------
 
     @property
     def processing(self) -> int:
-        return 1 if self._running is not None else 0
+        return len(self._running)
 
     @property
     def deferred(self) -> int:
         return self._waiting
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or refuse it (503) when the server stops or the queue is full."""
+        """Queue a job, or refuse it (503) when the server stops, cannot serve, or the queue is full."""
         with self._lock:
             if self.stopping:
                 raise shutting_down()
-            if (self._running is not None or self._waiting) and self._waiting >= self.queue_size:
-                raise RequestError(503, f"the server is busy: one request runs and {self._waiting} wait "
-                                   f"(--queue-size {self.queue_size}); retry later", type="server_error",
-                                   code="server_busy", headers={"Retry-After": "1"})
+            if self.unavailable is not None:
+                raise unavailable(self.unavailable)
+            if len(self._running) + self._waiting >= self.n_parallel + self.queue_size:
+                raise RequestError(503, f"the server is busy: {len(self._running)} requests run and {self._waiting} "
+                                   f"wait (-np {self.n_parallel}, --queue-size {self.queue_size}); retry later",
+                                   type="server_error", code="server_busy", headers={"Retry-After": "1"})
             self._waiting += 1
+            job.state = "waiting"
+            job.id = next(self._ids)
+            job.t_submitted = time.perf_counter()
         self._jobs.put(job)
 
+    def cancel(self, job: Job, reason: str = "client") -> None:
+        """Cancel a job: a waiting one gives its place in the queue back at once, a running one's
+        slot is free at the engine's next step."""
+        job.cancel(reason)
+        with self._lock:
+            if job.state == "waiting":
+                job.state = "dropped"
+                self._waiting -= 1
+
+    def slots(self) -> List[dict]:
+        """GET /slots in llama-server's fields (but ``n_ctx``, the request layer's): one per engine
+        slot, with the job that runs there (or ran there last)."""
+        out = []
+        by_slot = {}
+        with self._lock:
+            for job in self._running:
+                if job.request is not None and job.request.slot is not None:
+                    by_slot[job.request.slot] = job
+            last = dict(self._last)
+        for state in self.llm.slots():
+            sid = state["id"]
+            job = by_slot.get(sid) or last.get(sid)
+            slot = {"id": sid, "id_task": -1, "speculative": bool(self.llm.drafting),
+                    "is_processing": state["is_processing"], "state": state["state"], "n_past": state["n_past"]}
+            if job is not None:
+                remain = -1 if job.n_predict is None else max(job.n_predict - job.n_decoded, 0)
+                slot.update({
+                    "id_task": job.id, "n_prompt_tokens": job.n_prompt, "params": dict(job.info),
+                    "next_token": [{"has_next_token": job.state == "running" and state["is_processing"],
+                                    "has_new_line": job.has_new_line, "n_remain": remain,
+                                    "n_decoded": job.n_decoded}],
+                })
+            out.append(slot)
+        return out
+
     def stop(self) -> None:
-        """Cancel the running job and every waiting one; refuse new ones. Only sets flags, so a
+        """Cancel the running jobs and every waiting one; refuse new ones. Only sets flags, so a
         signal handler may call it."""
         self.stopping = True
-        running = self._running
-        if running is not None:
-            running.cancel("shutdown")
+        for job in list(self._running):
+            job.cancel("shutdown")
 
     def close(self, timeout: float) -> bool:
-        """Stop, end the thread; True when it ended within ``timeout`` seconds."""
+        """Stop, end the runners; True when they ended within ``timeout`` seconds."""
         self.stop()
-        self._jobs.put(None)
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        for _ in self._threads:
+            self._jobs.put(None)
+        deadline = time.monotonic() + timeout
+        for th in self._threads:
+            th.join(max(0.0, deadline - time.monotonic()))
+        return not any(th.is_alive() for th in self._threads)
 
-    # the worker's thread --------------------------------------------------------------------
+    # a runner's thread ------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:
@@ -170,36 +314,62 @@ class ModelWorker:
             if job is None:
                 return
             with self._lock:
+                if job.state == "dropped":  # cancelled while it waited: its place is given back
+                    job.state = "ended"
+                    job.put("error", Cancelled(job.cancelled or "client"))
+                    continue
                 self._waiting -= 1
-                self._running = job
+                self._running.append(job)
+                job.state = "running"
             try:
                 self._run(job)
             except BaseException as e:  # noqa: BLE001 - never lose the thread, always answer
+                if isinstance(e, RPCServerError):  # the model's memory is gone with the server
+                    self.unavailable = str(e)
                 self._end(job, "error", e)
             finally:
-                self.llm.request_check = None
-                if self.llm._guard.busy:
-                    # a generator of the job not closed yet (kept by a reference cycle): the
-                    # collector finalizes it, which gives the instance back
-                    gc.collect()
+                job.state = "ended"
+                self.llm.request_check = self.llm.on_request = None
+                self.llm.sampled = self.llm.pretokenized = None
                 with self._lock:
-                    if self._running is job:
-                        self._running = None
+                    if job in self._running:
+                        self._running.remove(job)
+                    if job.request is not None and job.request.slot is not None:
+                        self._last[job.request.slot] = job
 
     def _end(self, job: Job, kind: str, value: Any = None) -> None:
         """The job's last item. The job stops counting as running first: a client that sends
-        its next request as soon as it has this answer finds the model free."""
+        its next request as soon as it has this answer finds its place free."""
         with self._lock:
-            if self._running is job:
-                self._running = None
+            if job in self._running:
+                self._running.remove(job)
         job.put(kind, value)
 
     def _check(self, job: Job) -> bool:
         """The stopping criterion of the job's generation: True stops it."""
-        job.sampled = True
+        if not job.sampled:  # the first token: the prompt is done
+            job.sampled = True
+            job.t_first = time.perf_counter()
+            r = job.request
+            cache = r.cache_n if r is not None else 0
+            total = job.n_prompt if job.n_prompt is not None else (len(r.prompt) if r is not None else cache)
+            job.progress = {"total": total, "cache": cache, "processed": total,
+                            "time_ms": (job.t_first - job.t_started) * 1e3}
         if self.stopping:
             job.cancel("shutdown")
         return job.cancelled is not None
+
+    def _piece(self, job: Job, chunk, sent: int) -> dict:
+        """A stream's item: the binding's chunk, the tokens sampled since the last one, figures."""
+        try:
+            choice = chunk["choices"][0]
+            text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+        except (KeyError, IndexError, TypeError, AttributeError):
+            text = ""
+        if "\n" in text:
+            job.has_new_line = True
+        return {"chunk": chunk, "tokens": job.token_ids[sent:], "n_decoded": job.n_decoded,
+                "t_started": job.t_started, "t_first": job.t_first, "t": time.perf_counter()}
 
     def _run(self, job: Job) -> None:
         if self.stopping:
@@ -207,7 +377,16 @@ class ModelWorker:
         if job.cancelled:
             self._end(job, "error", Cancelled(job.cancelled))
             return
+        job.t_started = time.perf_counter()
         self.llm.request_check = lambda: self._check(job)
+        self.llm.sampled, self.llm.pretokenized = job.token_ids, job.tokens
+
+        def began(request):
+            job.request = request
+            if job.cancelled:  # cancelled just before: the request ends at once
+                request.cancel(job.cancelled)
+
+        self.llm.on_request = began
         out = job.run(self.llm)
         if not job.stream:
             timings = self._record(job)
@@ -218,14 +397,17 @@ class ModelWorker:
             self._end(job, "done", out)
             return
         held = []  # the last chunk(s), with the finish reason: they carry the timings
+        sent = 0
         try:
             for chunk in out:
                 if job.cancelled:
                     break
+                piece = self._piece(job, chunk, sent)
+                sent = job.n_decoded
                 if _finish_reason(chunk) is not None or held:
-                    held.append(chunk)
+                    held.append(piece)
                 else:
-                    job.put("chunk", chunk)
+                    job.put("chunk", piece)
         finally:
             close = getattr(out, "close", None)
             if close is not None:
@@ -235,9 +417,10 @@ class ModelWorker:
             self._end(job, "error", Cancelled(job.cancelled))
             return
         if held:
-            held[-1] = dict(held[-1], timings=timings)
-        for chunk in held:
-            job.put("chunk", chunk)
+            held[-1]["chunk"] = dict(held[-1]["chunk"], timings=timings)
+            held[-1]["tokens"] = held[-1]["tokens"] + job.token_ids[sent:]
+        for piece in held:
+            job.put("chunk", piece)
         self._end(job, "done", None)
 
     def _record(self, job: Job) -> Optional[dict]:
@@ -255,8 +438,11 @@ class ModelWorker:
         return t
 
     def _snapshot(self) -> None:
-        """Draft totals and workspace entries, read on the thread that runs the model."""
+        """Draft totals, the draft lengths chosen and workspace entries (read on the engine's
+        thread between two steps)."""
         c, total = self.counters, self.llm.draft_stats.total
         c.drafts, c.draft_tokens, c.draft_accepted = total.steps, total.drafted, total.accepted
+        c.draft_lengths = dict(self.llm.draft_lengths())
+        c.engine = self.llm.engine_stats()
         c.workspace = list(self.llm.workspace_stats())
 

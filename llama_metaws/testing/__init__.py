@@ -50,7 +50,10 @@ __all__ = [
     "free_port",
     "start_rpc_server",
     "stop_process",
+    "VOCABS",
 ]
+
+from .vocab import VOCABS, write_vocab  # noqa: E402
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -137,18 +140,15 @@ CHAT_TEMPLATE = (
 )
 
 
-def _token_texts(n_vocab: int) -> List[str]:
-    return [format(i, "x") for i in range(n_vocab)]
-
-
 def _write_gguf(
     path: Path,
     arch: str,
     kv: Dict[str, object],
     tensors: _Tensors,
     n_vocab: int,
+    vocab: str = "test",
 ) -> Path:
-    """Write metadata, the TEST tokenizer and the tensors to ``path`` with gguf-py."""
+    """Write metadata, the tokenizer (:mod:`.vocab`) and the tensors to ``path`` with gguf-py."""
     import gguf  # local import: only the builders need it
 
     path = Path(path)
@@ -169,14 +169,8 @@ def _write_gguf(
             else:  # pragma: no cover - programming error
                 raise TypeError(f"unsupported metadata value for {full}: {value!r}")
 
-        writer.add_tokenizer_model("test")
-        writer.add_token_list(_token_texts(n_vocab))
-        writer.add_token_scores([0.0] * n_vocab)
-        writer.add_token_types([int(gguf.TokenType.NORMAL)] * n_vocab)
-        writer.add_add_bos_token(False)
-        writer.add_add_eos_token(False)
+        write_vocab(writer, vocab, n_vocab, EOS_TOKEN)
         writer.add_chat_template(CHAT_TEMPLATE)
-        writer.add_eos_token_id(EOS_TOKEN)  # so chat completions have an end-of-generation token
 
         for name, value in tensors.items:
             writer.add_tensor(name, value)
@@ -338,7 +332,7 @@ def _agreement_plan(
 
 
 def make_tiny_mtp_model(
-    path: PathLike, *, seed: int = 0, agreement: Optional[float] = None
+    path: PathLike, *, seed: int = 0, agreement: Optional[float] = None, vocab: str = "test"
 ) -> Path:
     """Write a tiny ``qwen35`` GGUF with 2 trunk layers and 1 NextN (MTP) block.
 
@@ -377,7 +371,8 @@ def make_tiny_mtp_model(
        cycle, ``c_k`` agrees iff ``floor((k+1)a) > floor(ka)``, so any 64 consecutive steps
        of the greedy continuation agree at rate ``a`` within +-2/64.
 
-    :func:`mtp_agreement_plan` returns the resulting ``succ``/``draft`` tables.
+    :func:`mtp_agreement_plan` returns the resulting ``succ``/``draft`` tables. ``vocab``: the
+    tokenizer (:mod:`.vocab`; ``"chars"`` for tests that generate JSON).
     """
     rng = np.random.default_rng(seed)
     n_trunk, n_nextn, interval = 2, 1, 2
@@ -407,7 +402,7 @@ def make_tiny_mtp_model(
         _qwen35_trunk(t, n_trunk, interval, _SMALL_OUT_STD, 0.0)
         _qwen35_mtp_block(t, n_trunk, eh_proj, _SMALL_OUT_STD, 0.0)
 
-    return _write_gguf(Path(path), "qwen35", _qwen35_kv(n_trunk, n_nextn), t, V)
+    return _write_gguf(Path(path), "qwen35", _qwen35_kv(n_trunk, n_nextn), t, V, vocab)
 
 
 # --------------------------------------------------------------------------------------------
@@ -435,7 +430,7 @@ def _llama_like(t: _Tensors, n_layer: int, qk_norm: bool) -> None:
         t.normal(p + "ffn_down.weight", (E, _N_FF))
 
 
-def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0) -> Path:
+def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0, vocab: str = "test") -> Path:
     """Write a tiny GGUF without NextN layers, with seeded random weights.
 
     ``arch`` is one of :data:`SUPPORTED_ARCHS`:
@@ -445,8 +440,8 @@ def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0) -> Pa
     * ``"qwen35"``: the trunk of :func:`make_tiny_mtp_model` (a gated delta net layer and a
       gated full-attention layer) without the MTP block.
 
-    All use the TEST tokenizer with :data:`N_VOCAB` tokens. Raises ``ValueError`` for any
-    other ``arch``.
+    All use the TEST tokenizer with :data:`N_VOCAB` tokens (``vocab="chars"``: characters, see
+    :mod:`.vocab`). Raises ``ValueError`` for any other ``arch``.
     """
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(
@@ -481,7 +476,7 @@ def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0) -> Pa
         if arch == "llama":
             kv["vocab_size"] = N_VOCAB
 
-    return _write_gguf(Path(path), arch, kv, t, N_VOCAB)
+    return _write_gguf(Path(path), arch, kv, t, N_VOCAB, vocab)
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def _case_ggml(mode: str) -> str:
 
 def _case_llama(mode: str, model_path: str, devices: Sequence[str]) -> str:
     from ..engine.contexts import greedy_tokens, load_model, new_context
-    from ..engine.mtp import MTPDrafter
+    from ..engine.core import Engine
     from ..engine.workspace import Workspace
 
     draft_max = 3
@@ -57,8 +57,8 @@ def _case_llama(mode: str, model_path: str, devices: Sequence[str]) -> str:
         draft = new_context(model, n_ctx=256, n_batch=64, mtp=True)
         ws = Workspace(target, draft, mode=mode, n_decode_tokens=draft_max + 1,
                        allow_unsafe=mode == "unsafe-shared")
-        drafter = MTPDrafter(target, draft, draft_max=draft_max)
-        out = drafter.generate(PROMPT, N_PREDICT)
+        with Engine(target, draft, draft_max=draft_max) as drafter:  # what Llama and serve run
+            out = drafter.complete(PROMPT, N_PREDICT, stop_at_eog=False)
         if out != reference:
             raise AssertionError(f"drafted output {out} differs from no drafting {reference}")
         saved = sum(e.borrower_need for e in ws.stats() if e.shared)

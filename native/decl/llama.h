@@ -2,6 +2,10 @@
 
 struct llama_model;
 struct llama_context;
+struct llama_vocab;
+struct llama_sampler;
+
+typedef int32_t llama_token;
 
 /* Phase-aware workspace (llama.h, patches 0005 and 0010). */
 struct llama_workspace_info {

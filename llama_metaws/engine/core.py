@@ -1,0 +1,487 @@
+"""``Engine``: a target context, its MTP draft context, their workspace and N sequence slots, stepped
+by one thread.
+
+Front-ends (``Llama``, the server) hand it :class:`~.request.Request` objects from any thread
+(:meth:`Engine.submit`) and read their outputs; the engine's thread steps every busy slot
+together, each step in three phases (vLLM's split): :func:`~.schedule.schedule` decides what each
+slot contributes, :func:`~.execute.execute` runs the decodes, the sampling and the drafts, and
+:func:`~.update.update` applies the results to the slots and the requests. A call that needs the
+contexts to itself (the binding's low-level ``eval``, a state save or load) runs on the engine's
+thread between steps, once no slot is busy (:meth:`Engine.exclusive`).
+
+Faults: a decode that fails (an allocation failure, a lost RPC server) fails every request of
+that step with the error and clears their sequences; the other slots go on, the next request on
+a cleared slot evaluates its prompt afresh.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import threading
+import time
+import weakref
+from typing import Callable, Deque, List, Optional
+
+import numpy as np
+
+from ..native.binding import llama_cpp
+from .batch import Batch
+from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CTX_CHECKPOINTS,
+                          CheckpointStore, PrefixReuse)
+from .drafting import AdaptiveLength, MTPHead
+from .execute import DecodeError, Verdict, execute
+from .request import DraftStats, Output, Request
+from .samplers import SlotSampler
+from .schedule import Segment, n_graphs, schedule
+from .slots import Slot, SlotState
+from .update import update
+
+__all__ = ["Engine", "DecodeError"]
+
+
+def _notify(cv) -> None:
+    with cv:
+        cv.notify_all()
+
+
+def _run(ref, cv) -> None:
+    """The engine's thread: waits for work without holding the engine."""
+    while True:
+        with cv:
+            while True:
+                engine = ref()
+                if engine is None or engine._closed:
+                    return
+                if engine._ops or engine.waiting or engine.busy():
+                    break
+                del engine
+                cv.wait()
+        worked = engine._work()
+        del engine
+        if not worked:  # every busy slot waits for its reader (a throttled request)
+            with cv:
+                cv.wait(0.05)
+
+
+class _Exclusive:
+    def __init__(self, fn: Callable, idle: bool = True):
+        self.fn = fn
+        self.idle = idle  # run only once no slot is busy
+        self.done = threading.Event()
+        self.result = None
+        self.error: Optional[BaseException] = None
+
+
+class Engine:
+    """Steps N slots of ``target`` (and, with ``draft``, MTP drafting) on one thread.
+
+    ``target``/``draft``: the binding's ``_internals.LlamaContext`` objects (the draft an
+    ``LLAMA_CONTEXT_TYPE_MTP`` context over the same model, None without drafting);
+    ``workspace``: their :class:`~.workspace.Workspace` (kept for its stats); ``n_slots``: the
+    sequences used (default: the target's ``n_seq_max``). ``draft_max``: the longest draft
+    (``adaptive``: a length chosen per step, at most ``draft_max``); ``p_min``: llama.cpp's
+    ``--draft-p-min``. ``proposer``: without a draft context, drafts from a callable instead
+    (the binding's draft models: ``proposer(input_ids) -> tokens``, ``input_ids`` the tokens up to
+    the one to continue). ``after_decode``: called after each decode (a lost RPC server raises
+    there). The checkpoint arguments are ``Llama``'s (``ctx_checkpoints``, ...).
+    """
+
+    def __init__(self, target, draft=None, *, workspace=None, n_slots: Optional[int] = None, draft_max: int = 3,
+                 adaptive: bool = False, p_min: float = 0.0, ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS,
+                 checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+                 ctx_checkpoints_bytes: int = DEFAULT_CHECKPOINT_BYTES, proposer: Optional[Callable] = None,
+                 after_decode: Optional[Callable[[str], None]] = None) -> None:
+        tctx = target.ctx
+        if tctx is None or (draft is not None and (draft.ctx is None or draft is target)):
+            raise ValueError("the engine needs open target and draft contexts (two distinct ones)")
+        self.target, self.draft, self.workspace = target, draft, workspace
+        self.model = target.model
+        model = llama_cpp.llama_get_model(tctx)
+        self.vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(model))
+        self.n_batch = int(llama_cpp.llama_n_batch(tctx))
+        self.n_ubatch = int(llama_cpp.llama_n_ubatch(tctx))
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(tctx))
+        n_seq = int(llama_cpp.llama_n_seq_max(tctx))
+        n_slots = n_seq if n_slots is None else n_slots
+        if isinstance(n_slots, bool) or not isinstance(n_slots, int) or not 1 <= n_slots <= n_seq:
+            raise ValueError(f"n_slots must be an integer in [1, {n_seq}] (the target's n_seq_max), got {n_slots!r}")
+        params = getattr(target, "params", None)
+        n_out = int(getattr(params, "n_outputs_max", 0) or 0) if params is not None else 0
+        self.n_outputs_max = self.n_batch if n_out == 0 else min(n_out, self.n_batch)
+        self.recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+        self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(tctx))
+        self.unified = bool(getattr(params, "kv_unified", False)) if params is not None else False
+        self.proposer = proposer if draft is None else None
+        drafting = draft is not None or self.proposer is not None
+        self.draft_max = int(draft_max) if drafting else 0
+        self.adaptive = adaptive and draft is not None
+        if drafting:
+            if isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1:
+                raise ValueError(f"draft_max must be an integer >= 1, got {draft_max!r}")
+            if draft_max + 1 > min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx))):
+                raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} tokens must "
+                                 f"fit n_batch")
+            if self.recurrent and self.n_rs_seq < draft_max:
+                raise ValueError(f"the target has recurrent state: its context needs n_rs_seq >= draft_max "
+                                 f"({draft_max}), it has {self.n_rs_seq}")
+            if self.recurrent and draft_max + 1 > self.n_ubatch:
+                raise ValueError(f"draft_max={draft_max}: the verification batch must fit one target ubatch "
+                                 f"(n_ubatch {self.n_ubatch})")
+        self.head: Optional[MTPHead] = MTPHead(target, draft, p_min=p_min) if draft is not None else None
+        self.reuse = PrefixReuse(recurrent=self.recurrent, reach=self.n_rs_seq, checkpoint_every=checkpoint_every)
+        self.slots: List[Slot] = [
+            Slot(i, self.n_ctx_seq, self.n_embd, CheckpointStore(ctx_checkpoints, ctx_checkpoints_bytes, seq_id=i))
+            for i in range(n_slots)]
+        self.tbatch = Batch(self.n_batch)
+        self.after_decode = after_decode
+        self.after_step: Optional[Callable[[], None]] = None  # an observer, on the engine's thread
+        self.waiting: Deque[Request] = collections.deque()
+        self.total = DraftStats()
+        self.last: Optional[Request] = None   # the request that ended last
+        self.steps = 0
+        self.peak_busy = 0                   # the most slots busy in one step
+        self.graphs_target = 0
+        self.graphs_draft = 0
+        self.lengths: dict = {}              # draft length chosen -> steps, every request so far
+        self._pieces: dict = {}
+        self._cv = threading.Condition()
+        self._ops: Deque[_Exclusive] = collections.deque()
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+
+    # any thread ------------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Request:
+        """Queue ``request``; its outputs come on :meth:`Request.outputs`."""
+        bad = [t for t in request.prompt if not 0 <= t < self.n_vocab]
+        if bad:
+            raise ValueError(f"prompt token {bad[0]} is outside the vocabulary [0, {self.n_vocab})")
+        if len(request.prompt) >= self.n_ctx_seq:
+            raise ValueError(f"a prompt of {len(request.prompt)} tokens does not fit a sequence's context "
+                             f"(n_ctx {self.n_ctx_seq} per slot): shorten it, or load with a larger n_ctx")
+        if request.max_tokens == 0:
+            request.finish = "length"
+            request.emit(Output([], finish="length"))
+            return request
+        request.on_consumed = self._wake
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self.waiting.append(request)
+            self._start()
+            self._cv.notify_all()
+        return request
+
+    def complete(self, prompt, max_tokens: Optional[int], **kw) -> List[int]:
+        """Submit a request and wait for its tokens (greedy by default)."""
+        from .samplers import SamplingParams
+
+        sampling = kw.pop("sampling", None) or SamplingParams(temp=0.0)
+        return self.submit(Request(prompt, sampling, max_tokens=max_tokens, **kw)).wait()
+
+    def exclusive(self, fn: Callable, *, idle: bool = True):
+        """Run ``fn()`` on the engine's thread once no slot is busy (new requests wait meanwhile);
+        its result. ``idle=False``: at the next step boundary, the slots as they are
+        (:meth:`between_steps`)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        op = _Exclusive(fn, idle)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._ops.append(op)
+            self._start()
+            self._cv.notify_all()
+        op.done.wait()
+        if op.error is not None:
+            raise op.error
+        return op.result
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def between_steps(self, fn: Callable):
+        """Run ``fn()`` on the engine's thread between two steps (reading the contexts' state while
+        requests run); its result."""
+        return self.exclusive(fn, idle=False)
+
+    @property
+    def exclusive_pending(self) -> bool:
+        return any(op.idle for op in self._ops)
+
+    def busy(self) -> int:
+        return sum(1 for s in self.slots if s.busy)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Cancel every request, stop the thread (closing twice is harmless)."""
+        with self._cv:
+            self._closed = True
+            for r in list(self.waiting):
+                r.cancel("shutdown")
+            for s in self.slots:
+                if s.request is not None:
+                    s.request.cancel("shutdown")
+            self._cv.notify_all()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+        for op in list(self._ops):
+            op.error = RuntimeError("the engine is closed")
+            op.done.set()
+        for r in list(self.waiting):
+            self.drop(r)
+        self.waiting.clear()
+        for s in self.slots:
+            if s.request is not None:
+                self.finish(s, "cancelled")
+
+    # the engine's thread ---------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._thread is None:
+            # the thread holds the engine only while it works: an engine nobody holds is
+            # collected like any object, and its thread ends
+            self._thread = threading.Thread(target=_run, args=(weakref.ref(self), self._cv),
+                                            name="llama-metaws-engine", daemon=True)
+            weakref.finalize(self, _notify, self._cv)
+            self._thread.start()
+
+    def _work(self) -> bool:
+        """One turn of the engine's thread: an exclusive call, or a step. False: nothing to do."""
+        with self._cv:
+            op = next((o for o in self._ops if not o.idle or not self.busy()), None)
+            if op is not None:
+                self._ops.remove(op)
+        if op is not None:
+            try:
+                op.result = op.fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                op.error = e
+            op.done.set()
+            return True
+        try:
+            return self.step()
+        except BaseException as e:  # noqa: BLE001 - never lose the thread: fail what was running
+            for s in self.slots:
+                if s.request is not None:
+                    self.fail(s, e)
+            return True
+
+    def step(self) -> bool:
+        """One step: schedule, execute, update. False when there was nothing to do."""
+        plan = schedule(self)
+        if plan.empty:
+            return False
+        try:
+            verdicts = execute(self, plan)
+        except BaseException as e:  # noqa: BLE001 - a failed decode fails the step's requests
+            for slot in [seg.slot for seg in plan.segments] + plan.draft_only:
+                if slot.request is not None:
+                    self.fail(slot, e)
+            return True
+        self.steps += 1
+        self.peak_busy = max(self.peak_busy, len(plan.segments) + len(plan.draft_only))
+        self.graphs_target += self.graphs(plan.segments)
+        if self.after_step is not None:  # before the requests hear of the step: the contexts are still ours
+            try:
+                self.after_step()
+            except BaseException as e:  # noqa: BLE001 - an observer's failure fails the step's requests
+                for slot in [seg.slot for seg in plan.segments] + plan.draft_only:
+                    if slot.request is not None:
+                        self.fail(slot, e)
+                return True
+        update(self, plan, verdicts)
+        return True
+
+    # what the phases call ----------------------------------------------------------------
+
+    def admit(self, slot: Slot, r: Request) -> bool:
+        """Put ``r`` on ``slot``: its sampler, the prefix it reuses, its prompt's chunks."""
+        try:
+            slot.sampler = SlotSampler(self.model, self.n_vocab, r.sampling, slot.history)
+        except BaseException as e:  # noqa: BLE001 - a bad grammar fails this request alone
+            r.fail(e)
+            return False
+        slot.request, slot.state = r, SlotState.PROMPT
+        r.slot, r.t_start = slot.seq_id, time.perf_counter()
+        fresh = r.prompt_rows or not r.cache_prompt  # every prompt row wanted, or no reuse asked for
+        held_back = self.head is not None and r.draft  # draft-mtp: the last token comes with the first draft
+        end = len(r.prompt) - 1 if held_back else len(r.prompt)
+        try:
+            keep = self.reuse.start(self, slot, r.prompt, fresh=fresh)
+        except BaseException as e:  # noqa: BLE001
+            self.fail(slot, e)
+            return False
+        r.cache_n = keep
+        slot.cursor, slot.prompt_end = keep, end
+        slot.length = AdaptiveLength() if self.adaptive else None
+        self.reuse.stops(slot, keep, end, len(r.prompt))
+        if keep >= end:  # the prompt but its held-back token is held already: draft from it first
+            slot.state, slot.last, slot.drafts, slot.asked = SlotState.GENERATING, r.prompt[-1], [], 0
+            slot.needs_draft = True
+            r.t_encoded = time.perf_counter()
+        return True
+
+    def eval_session(self, tokens, *, every_row: bool) -> np.ndarray:
+        """The binding's low-level ``eval`` on slot 0 (called on the engine's thread with no slot
+        busy): ``tokens`` after what the slot holds, in chunks of ``n_batch`` (of ``n_outputs_max``
+        with ``every_row``), the draft context following. Returns the logits rows (the last, or
+        every one)."""
+        slot = self.slots[0]
+        self.seq_rm(0, slot.n)  # anything past what the slot holds (the binding's eval does so)
+        step = min(self.n_batch, self.n_outputs_max) if every_row else self.n_batch
+        out = []
+        b = self.tbatch
+        try:
+            for start in range(0, len(tokens), step):
+                chunk = tokens[start : start + step]
+                b.clear()
+                b.add(chunk, slot.n, slot.seq_id, True if every_row else "last")
+                self.decode_target(b, "prompt processing")
+                pending = None
+                if self.head is not None:
+                    rows = self.head.target_rows(b.n)
+                    self.head.catch_up([(slot.seq_id, 0, b.n, slot.pending)], b.token, b.pos, rows,
+                                       "prompt processing")
+                    pending = rows[b.n - 1].copy()
+                idx = range(b.n) if every_row else [b.n - 1]
+                out.extend(self.logits(self.target.ctx, i) for i in idx)
+                slot.tokens[slot.n : slot.n + b.n] = chunk
+                slot.keep(slot.n + b.n, pending)
+        except BaseException:
+            self.clear_sequence(slot)
+            raise
+        return np.stack(out) if out else np.zeros((0, self.n_vocab), dtype=np.float32)
+
+    def draft_length(self, v: Verdict) -> int:
+        """Drafts the slot of ``v`` asks for in the next step (0: a plain decode step)."""
+        slot = v.segment.slot
+        r = slot.request
+        if not r.draft or self.draft_max == 0:
+            return 0
+        n = slot.length.next_step() if slot.length is not None else self.draft_max
+        remaining = r.remaining
+        if remaining is not None:  # a step yields its accepted drafts and one token more
+            n = min(n, remaining - len(v.tokens) - 1)
+        return max(0, min(n, slot.n_ctx - 1 - v.n))
+
+    def decode_target(self, b: Batch, phase: str = "decoding") -> None:
+        rc = llama_cpp.llama_decode(self.target.ctx, b.batch)
+        if self.after_decode is not None:
+            self.after_decode("target")
+        if rc != 0:
+            raise DecodeError(f"llama_decode on the target context returned {rc} during {phase} ({b.n} tokens, "
+                              f"{b.n_outputs} output rows; n_batch {self.n_batch}, "
+                              f"n_outputs_max {self.n_outputs_max})")
+
+    def take_checkpoints(self, seg: Segment, rows) -> None:
+        slot = seg.slot
+        end = seg.pos0 + seg.n
+        tokens = np.concatenate([slot.tokens[: seg.pos0], np.asarray(seg.tokens, dtype=np.intc)])
+        for back in seg.backs:
+            self.reuse.save(self.target.ctx, slot, tokens[: end - back], rows, seg.i0 + seg.n - 1, back)
+
+    def roll_back(self, verdicts: List[Verdict]) -> None:
+        """Remove the positions a verdict did not keep (rejected drafts) from both contexts."""
+        for v in verdicts:
+            seg = v.segment
+            if seg.kind == "decode" and v.n < seg.pos0 + seg.n:
+                if not self.seq_rm(seg.slot.seq_id, v.n):
+                    raise DecodeError(f"llama_memory_seq_rm failed from position {v.n} on sequence "
+                                      f"{seg.slot.seq_id} (a recurrent target needs n_rs_seq >= draft_max)")
+
+    def logits(self, ctx, i: int, *, copy: bool = True) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(ctx, i)
+        if not ptr:
+            raise RuntimeError(f"the context returned no logits for batch index {i}")
+        row = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return row.copy() if copy else row
+
+    def piece(self, token: int) -> bytes:
+        """A token's text (``llama_token_to_piece``, special tokens as text), cached."""
+        got = self._pieces.get(token)
+        if got is None:
+            buf = ctypes.create_string_buffer(64)
+            n = int(llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True))
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = int(llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True))
+            got = self._pieces[token] = buf.raw[:max(n, 0)]
+        return got
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def seq_rm(self, seq: int, p0: int, *, target_only: bool = False) -> bool:
+        """Remove positions ``p0..`` of ``seq`` from the target (and the draft context)."""
+        ok = bool(llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.target.ctx), seq, p0, -1))
+        if ok and not target_only:
+            ok = self.seq_rm_draft(seq, p0)
+        return ok
+
+    def seq_rm_draft(self, seq: int, p0: int) -> bool:
+        if self.draft is None:
+            return True
+        return bool(llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.draft.ctx), seq, p0, -1))
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(self.target.ctx), seq))
+
+    def clear_sequence(self, slot: Slot) -> None:
+        """The slot's sequence removed from both contexts (its checkpoints too)."""
+        for ctx in (self.target, self.draft):
+            if ctx is not None and ctx.ctx is not None:
+                llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx.ctx), slot.seq_id, -1, -1)
+        slot.forget()
+
+    def graphs(self, segments) -> int:
+        """The graphs the target computed for a step of these segments (llama.cpp's ubatch split)."""
+        return n_graphs(segments, self.n_ubatch, sequential=not self.unified,
+                        keep_tail=self.n_rs_seq + 1 if self.recurrent and self.n_rs_seq > 0 else 0,
+                        split_equal=self.recurrent or (not self.unified and len(self.slots) > 1))
+
+    def finish(self, slot: Slot, reason: str, tokens=None, rows=None, prompt_rows=None) -> None:
+        """End the slot's request (its last output), keep what the sequence holds (for a request
+        read token by token and closed, what its reader took, where the contexts can cut back)."""
+        slot.last_used = self.steps
+        r = slot.request
+        if r is not None and r.throttle and reason == "cancelled":
+            keep = len(r.prompt) + r.n_consumed
+            if keep < slot.n and self.seq_rm(slot.seq_id, keep):
+                slot.keep(keep, slot.row(keep - 1))
+        r = slot.release()
+        if r is None:
+            return
+        r.finish = reason
+        self.last = r
+        r.emit(Output(list(tokens or []), rows=rows, prompt_rows=prompt_rows, finish=reason))
+
+    def fail(self, slot: Slot, error: BaseException) -> None:
+        """Fail the slot's request with ``error``; its sequence is cleared on both contexts."""
+        try:
+            self.clear_sequence(slot)
+        except BaseException:  # noqa: BLE001 - the contexts may be gone with the error
+            slot.forget()
+        r = slot.release()
+        if r is not None:
+            self.last = r
+            r.fail(error)
+
+    def drop(self, r: Request) -> None:
+        """A request that never reached a slot: ended as cancelled."""
+        r.finish = "cancelled"
+        self.last = r
+        r.emit(Output([], finish="cancelled"))
+
+    def slot_states(self) -> list:
+        return [s.describe() for s in self.slots]
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

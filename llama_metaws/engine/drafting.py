@@ -1,0 +1,182 @@
+"""MTP drafting across slots: the draft context follows the target, and drafts for every slot at once.
+
+This is llama.cpp's draft-mtp (``common/speculative.cpp``, as llama-server drives it for all its
+slots) over the binding's low-level calls:
+
+* the target outputs its NextN hidden row for every token
+  (``llama_set_embeddings_nextn(target, True, masked=False)``); the draft context is an
+  ``LLAMA_CONTEXT_TYPE_MTP`` context with NextN rows for its output tokens only (``masked``);
+* :meth:`MTPHead.catch_up`: after each target decode, the same tokens are decoded on the draft
+  context in one batch, token ``p`` of a slot paired with the target's row ``p - 1`` (the slot's
+  first token with its ``pending`` row);
+* :meth:`MTPHead.propose`: each drafting slot drafts from ``(last, pending)``; one draft decode per
+  depth carries one token of every slot still drafting (the head's argmax, stopped below
+  ``p_min``), and the drafted positions are removed afterwards: the next catch-up fills them with
+  the target's rows.
+
+:class:`AdaptiveLength` is ``draft_max="auto"``'s choice of a draft length per step.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..native.binding import llama_cpp, llama_ext
+from .batch import Batch
+from .limits import AUTO_DRAFT_MAX
+
+__all__ = ["AdaptiveLength", "MTPHead", "top_probability", "P_MIN_TOP_K"]
+
+P_MIN_TOP_K = 10  # llama.cpp's draft sampler: top-k 10, then a softmax over those
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """The top candidate's probability as llama.cpp's draft-mtp measures it for ``p_min``: a
+    softmax over the 10 largest logits (its draft sampler is ``top_k(10)``)."""
+    k = min(P_MIN_TOP_K, logits.shape[0])
+    top = np.partition(logits, logits.shape[0] - k)[-k:].astype(np.float64)
+    return float(1.0 / np.exp(top - top.max()).sum())
+
+
+class AdaptiveLength:
+    """``draft_max="auto"``: the draft length chosen per step from the recent verdicts.
+
+    It keeps, for every draft depth ``d`` (1 to :attr:`CAP`), an estimate of how often a
+    draft's ``d``-th token is accepted once the ones before it were: a moving average of the
+    verdicts (weight :attr:`RATE`). A step drafts the leading depths whose estimate is at
+    least :attr:`KEEP`, none when the first is below it (a plain decode step). Every step each
+    estimate drifts up by :attr:`RETRY`, so a depth given up is tried again now and then.
+    """
+
+    CAP = AUTO_DRAFT_MAX
+    KEEP = 0.5
+    RATE = 0.5
+    RETRY = 0.02
+
+    def __init__(self) -> None:
+        self.p = [1.0] * self.CAP
+
+    @property
+    def n(self) -> int:
+        n = 0
+        while n < self.CAP and self.p[n] >= self.KEEP:
+            n += 1
+        return n
+
+    def next_step(self) -> int:
+        """A step starts: the estimates drift up; return its draft length."""
+        self.p = [min(1.0, p + self.RETRY) for p in self.p]
+        return self.n
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A draft of ``drafted`` tokens was verified, its first ``accepted`` kept."""
+        for d in range(min(drafted, accepted + 1)):  # depths with a verdict
+            hit = 1.0 if d < accepted else 0.0
+            self.p[d] += self.RATE * (hit - self.p[d])
+
+
+class MTPHead:
+    """The MTP draft context of a target, fed and drafting for several slots."""
+
+    def __init__(self, target, draft, *, p_min: float = 0.0) -> None:
+        tctx, dctx = target.ctx, draft.ctx
+        try:
+            p_min = float(p_min)
+        except (TypeError, ValueError):
+            raise ValueError(f"p_min must be a number in [0, 1], got {p_min!r}") from None
+        if not 0.0 <= p_min <= 1.0:  # also refuses NaN
+            raise ValueError(f"p_min must be in [0, 1], got {p_min!r}")
+        params = getattr(draft, "params", None)
+        if params is not None and int(getattr(params, "ctx_type", 0)) != llama_cpp.LLAMA_CONTEXT_TYPE_MTP:
+            raise ValueError("the draft context is not an MTP context: create it with "
+                             "ctx_type=LLAMA_CONTEXT_TYPE_MTP (engine.contexts.new_context(..., mtp=True))")
+        params = getattr(target, "params", None)
+        if params is not None and int(getattr(params, "ctx_type", 0)) == llama_cpp.LLAMA_CONTEXT_TYPE_MTP:
+            raise ValueError("the target context is an MTP context; it must be a default one")
+        self.target, self.draft = target, draft
+        tmodel, dmodel = llama_cpp.llama_get_model(tctx), llama_cpp.llama_get_model(dctx)
+        if llama_cpp.llama_model_n_layer_nextn(dmodel) < 1:
+            raise ValueError("the draft context's model has no NextN (MTP) layers: load it with load_mtp=True")
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(tmodel))
+        if int(llama_cpp.llama_model_n_embd_out(dmodel)) != self.n_embd:
+            raise ValueError("the draft model's hidden width differs from the target's")
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(tmodel)))
+        self.p_min = float(p_min)
+        self.capacity = int(llama_cpp.llama_n_batch(dctx))
+        self.batch = Batch(self.capacity, self.n_embd)
+        self.zero = np.zeros(self.n_embd, dtype=np.float32)
+        llama_ext.llama_set_embeddings_nextn(tctx, True, False)  # a hidden row for every token
+        llama_ext.llama_set_embeddings_nextn(dctx, True, True)   # rows for output tokens only
+
+    def target_rows(self, n: int) -> np.ndarray:
+        """The target's hidden rows of its last decode (``n`` tokens, in batch order): a view,
+        valid until the target's next decode."""
+        ptr = llama_ext.llama_get_embeddings_nextn(self.target.ctx)
+        if not ptr:
+            raise RuntimeError("the target context returned no NextN rows")
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))
+
+    def catch_up(self, segments: Sequence[Tuple[int, int, int, Optional[np.ndarray]]], tokens: np.ndarray,
+                 pos: np.ndarray, rows: np.ndarray, phase: str = "decoding") -> None:
+        """Decode the target's last batch on the draft context: ``segments`` are ``(seq_id, i0, n,
+        pending)`` per slot in batch order, ``tokens``/``pos`` the batch's, ``rows`` the target's
+        rows for it. Token ``i0 + j`` pairs with row ``i0 + j - 1``, the first with ``pending``."""
+        b = self.batch
+        b.clear()
+        for seq_id, i0, n, pending in segments:
+            paired = np.empty((n, self.n_embd), dtype=np.float32)
+            paired[0] = self.zero if pending is None else pending
+            paired[1:] = rows[i0 : i0 + n - 1]
+            b.add(tokens[i0 : i0 + n], int(pos[i0]), seq_id, False, paired)
+        self._decode(b, phase)
+
+    def propose(self, starts: Sequence[Tuple[int, int, int, Optional[np.ndarray], int]]) -> Dict[int, List[int]]:
+        """Drafts for several slots: ``starts`` are ``(seq_id, last, pos, pending, n_max)``; one
+        draft decode per depth carries every slot still drafting. Returns seq_id -> drafts."""
+        out: Dict[int, List[int]] = {s[0]: [] for s in starts}
+        live = [(seq_id, last, pos, self.zero if pending is None else pending, n_max)
+                for seq_id, last, pos, pending, n_max in starts if n_max > 0]
+        dctx, depth = self.draft.ctx, 0
+        b = self.batch
+        try:
+            while live:
+                b.clear()
+                for seq_id, tok, pos, row, _ in live:
+                    b.add([tok], pos + depth, seq_id, True, row[None, :])
+                self._decode(b, "drafting")
+                nxt = []
+                for i, (seq_id, _tok, pos, _row, n_max) in enumerate(live):
+                    logits = self._logits(dctx, i)
+                    tok = int(np.argmax(logits))
+                    if self.p_min > 0.0 and top_probability(logits) < self.p_min:
+                        continue
+                    out[seq_id].append(tok)
+                    if len(out[seq_id]) >= n_max:
+                        continue
+                    ptr = llama_ext.llama_get_embeddings_nextn_ith(dctx, i)
+                    if not ptr:
+                        raise RuntimeError("the draft context returned no NextN row while drafting")
+                    nxt.append((seq_id, tok, pos, np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy(), n_max))
+                live = nxt
+                depth += 1
+        finally:
+            # the drafted positions go: the next catch-up fills them with the target's rows
+            mem = llama_cpp.llama_get_memory(dctx)
+            for seq_id, _last, pos, _pending, n_max in starts:
+                if n_max > 0:
+                    llama_cpp.llama_memory_seq_rm(mem, seq_id, pos, -1)
+        return out
+
+    def _logits(self, ctx, i: int) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(ctx, i)
+        if not ptr:
+            raise RuntimeError(f"the draft context returned no logits for output {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def _decode(self, b: Batch, phase: str) -> None:
+        rc = llama_cpp.llama_decode(self.draft.ctx, b.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode on the draft context returned {rc} during {phase} "
+                               f"({b.n} tokens)")

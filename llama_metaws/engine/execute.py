@@ -1,0 +1,192 @@
+"""A step is run here: the decodes, the sampling, the drafts.
+
+:func:`execute` is the second of a step's three phases (after :mod:`.schedule`, before
+:mod:`.update`). It runs every llama.cpp call of the step and changes no slot or request:
+
+1. one target decode of the step's batch (every slot's segment, in sequence order);
+2. the checkpoints a prompt chunk ends at (the recurrent state, read before the next decode);
+3. one draft decode that catches the MTP context up with that batch, for all slots at once;
+4. per slot, the sampling of its output rows with its own sampler: a generating slot verifies
+   its draft (a draft token is kept while it equals what the target samples at its position,
+   so greedy output equals no drafting and sampled output keeps the target's distribution),
+   and the rejected positions are removed from both contexts;
+5. the drafts of every slot that goes on, together, one draft decode per depth.
+
+What it found is a :class:`Verdict` per slot; :mod:`.update` applies them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..native.binding import llama_cpp
+from .schedule import Segment, StepPlan
+
+__all__ = ["Verdict", "execute", "DecodeError"]
+
+
+class DecodeError(RuntimeError):
+    """A decode of the step failed: every request of the step fails with it."""
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What one step gave one slot."""
+
+    segment: Segment
+    tokens: List[int] = dataclasses.field(default_factory=list)   # sampled, to emit
+    rows: Optional[List[np.ndarray]] = None   # their logits rows (the request asked for them)
+    prompt_rows: Optional[np.ndarray] = None  # a prompt chunk's rows (echo with logprobs)
+    n: int = 0                                # positions held after the step
+    last: Optional[int] = None                # the token at position n, not yet decoded
+    pending: Optional[np.ndarray] = None      # the target's row of position n - 1
+    finish: Optional[str] = None
+    drafted: int = 0                          # the verified draft: its length ...
+    accepted: int = 0                         # ... and the tokens of it kept
+    verdict_known: bool = False               # every draft token was judged
+    drafts: List[int] = dataclasses.field(default_factory=list)   # proposed for the next step
+    draft_len: Optional[int] = None           # the length asked for (None: no draft step)
+    recent: Dict[int, np.ndarray] = dataclasses.field(default_factory=dict)  # position -> row, held
+
+
+def execute(engine, plan: StepPlan) -> List[Verdict]:
+    head = engine.head
+    verdicts = [Verdict(seg) for seg in plan.segments]
+    if plan.segments:
+        b = engine.tbatch
+        b.clear()
+        for seg in plan.segments:
+            seg.i0 = b.add(seg.tokens, seg.pos0, seg.slot.seq_id, seg.outputs)
+        phase = "prompt processing" if any(s.kind == "prompt" for s in plan.segments) else "decoding"
+        engine.decode_target(b, phase)
+
+        rows = head.target_rows(b.n) if head is not None else None
+        for v in verdicts:  # before any other decode: the state_back reads this decode's snapshots
+            if v.segment.backs:
+                engine.take_checkpoints(v.segment, rows)
+        if head is not None:
+            head.catch_up([(s.slot.seq_id, s.i0, s.n, s.slot.pending) for s in plan.segments], b.token, b.pos,
+                          rows, phase)
+            engine.graphs_draft += 1
+
+        tctx = engine.target.ctx
+        for v in verdicts:
+            seg = v.segment
+            if seg.kind == "prompt":
+                _prompt(engine, v, tctx, rows)
+            else:
+                _verify(engine, v, tctx, rows, drafts=seg.tokens[1:], first=seg.i0)
+        engine.roll_back(verdicts)
+    for slot in plan.draft_only:  # a prompt held already: the step drafts from its last token
+        v = Verdict(Segment(slot, "draft", [], slot.n, False), n=slot.n, last=slot.last, pending=slot.pending)
+        verdicts.append(v)
+
+    if engine.draft_max:
+        starts = []
+        for v in verdicts:
+            if v.finish is None and v.last is not None:
+                n_max = engine.draft_length(v)
+                v.draft_len = n_max
+                if n_max > 0:
+                    starts.append((v, n_max))
+        if starts and head is not None:
+            proposed = head.propose([(v.segment.slot.seq_id, v.last, v.n, v.pending, n) for v, n in starts])
+            engine.graphs_draft += max(len(d) for d in proposed.values()) + 1 if proposed else 0
+            for v, _ in starts:
+                v.drafts = proposed.get(v.segment.slot.seq_id, [])
+        elif starts:  # a Python draft model (the binding's prompt lookup, ...)
+            for v, n in starts:
+                r = v.segment.slot.request
+                ids = np.asarray(r.prompt + r.generated + v.tokens, dtype=np.intc)
+                v.drafts = [int(x) for x in np.asarray(engine.proposer(ids)).ravel()[:n]]
+    return verdicts
+
+
+def _stopped(engine, r, token: int) -> bool:
+    """A stop string in the request's text now (pieces of its tokens, the last one included)."""
+    piece = engine.piece(token)
+    r.text += piece
+    window = r.text[-(max(len(s) for s in r.stop) + len(piece)):]
+    return any(s in window for s in r.stop)
+
+
+def _row(rows: Optional[np.ndarray], i: int) -> Optional[np.ndarray]:
+    return None if rows is None else rows[i].copy()
+
+
+def _prompt(engine, v: Verdict, tctx, rows) -> None:
+    seg = v.segment
+    slot, r = seg.slot, seg.slot.request
+    end = seg.pos0 + seg.n
+    v.n = end
+    v.pending = _row(rows, seg.i0 + seg.n - 1)
+    if r.prompt_rows:  # every prompt position's row but the last one's (the first token's)
+        n_rows = min(seg.n, len(r.prompt) - 1 - seg.pos0)
+        v.prompt_rows = np.stack([engine.logits(tctx, seg.i0 + j) for j in range(max(n_rows, 0))]) \
+            if n_rows > 0 else np.zeros((0, engine.n_vocab), dtype=np.float32)
+    if not seg.ends_prompt:
+        return
+    if end < len(r.prompt):  # drafting: the last prompt token is held back, decoded with the first draft
+        v.last = r.prompt[-1]
+        return
+    # the prompt's last row: sample the first token now, as a step with no draft
+    v.n = end - 1
+    _verify(engine, v, tctx, rows, drafts=[], first=seg.i0 + seg.n - 1)
+
+
+def _verify(engine, v: Verdict, tctx, rows, *, drafts: List[int], first: int) -> None:
+    """Sample from row ``first`` on, keeping each draft token that equals what was sampled
+    before it. ``v.n`` is the position of the row ``first`` (the token decoded there)."""
+    seg = v.segment
+    slot, r = seg.slot, seg.slot.request
+    n0 = seg.pos0 if seg.kind == "decode" else v.n
+    k = len(drafts)
+    toks: List[int] = []
+    keep_rows = r.logits_rows
+    out_rows: List[np.ndarray] = []
+    finish = None
+    budget = r.remaining
+    slot.step_tokens = toks  # a logits processor's history
+    for j in range(k + 1):
+        idx = first + j
+        tok = slot.sampler.sample(tctx, idx)
+        if r.stopping_criteria is not None:
+            ids = np.asarray(r.prompt + r.generated + toks, dtype=np.intc)
+            if r.stopping_criteria(ids, engine.logits(tctx, idx, copy=False)):
+                finish = "stop"
+                break
+        if r.stop_at_eog and engine.is_eog(tok):
+            finish = "stop"
+            r.eog = True  # sampled, not returned (llama-server counts it in predicted_n)
+            break
+        toks.append(tok)
+        if keep_rows:
+            out_rows.append(engine.logits(tctx, idx))
+        if budget is not None and len(toks) >= budget:
+            finish = "length"
+            break
+        if r.stop and _stopped(engine, r, tok):
+            finish = "stop"
+            break
+        if j < k and tok == drafts[j]:
+            continue
+        break
+    slot.step_tokens = []
+    valid = 0  # drafts decoded at positions that the sampled tokens confirm
+    while valid < min(k, len(toks)) and toks[valid] == drafts[valid]:
+        valid += 1
+    v.tokens, v.rows = toks, out_rows if keep_rows else None
+    v.n = n0 + 1 + valid
+    v.pending = _row(rows, first + valid)
+    if rows is not None:  # the rows of the positions held, for a cut back into them
+        v.recent = {n0 + j: rows[first + j].copy() for j in range(valid + 1)}
+    if seg.kind == "decode":
+        v.drafted, v.accepted = k, valid
+        v.verdict_known = valid == k or len(toks) > valid
+    if finish is None and v.n >= slot.n_ctx:
+        finish = "length"  # the context of the sequence is full
+    v.finish = finish
+    v.last = toks[valid] if finish is None else None

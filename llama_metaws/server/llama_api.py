@@ -1,0 +1,391 @@
+"""llama-server's own API (tools/server/README.md of the vendored llama.cpp), on the same model.
+
+``POST /completion`` (also ``/completions``, as llama-server routes it): its request fields and
+its answer shape, streamed (``data: {...}`` events, the last one with ``"stop": true`` and the
+timings, no ``[DONE]``) or not; ``POST /tokenize``, ``/detokenize``, ``/apply-template``;
+``GET /props``; ``GET /slots`` (one slot: one request runs at a time here). Errors in
+llama-server's shape (:mod:`.errors`).
+
+Request fields of ``/completion``: ``prompt`` (a string, token ids, or both mixed; one prompt
+per request), ``n_predict`` (or ``max_tokens``; -1: up to the context; 0: the prompt is
+tokenized, nothing is generated), ``temperature``, ``top_k``, ``top_p``, ``min_p``,
+``typical_p``, ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``, ``mirostat``,
+``mirostat_tau``, ``mirostat_eta``, ``seed``, ``stop``, ``stream``, ``grammar``, ``json_schema``,
+``logit_bias`` (its array and object forms, ids or strings, ``false`` for never),
+``ignore_eos``, ``min_tokens``, ``n_probs`` (the binding's logprobs: needs a model loaded with
+``logits_all``), ``id_slot`` (-1 or 0), ``return_tokens``, ``return_progress`` (one
+``prompt_progress`` event once the prompt is done), ``timings_per_token``, ``response_fields``.
+Accepted and without effect here: :data:`IGNORED`. Refused unless at their "off" value:
+:data:`OFF_ONLY`. Any other field is ignored, as llama-server ignores fields it does not know.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from .errors import LLAMA, RequestError
+from .requests import ModelAccess, Plan
+
+#: llama-server's fields that change nothing here: the prompt cache is always used, the sampler
+#: chain is the binding's own order, the others shape what this server does not do
+IGNORED = ("cache_prompt", "samplers", "n_keep", "n_cache_reuse", "min_keep", "dynatemp_exponent",
+           "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
+           "repeat_last_n", "post_sampling_probs", "sse_ping_interval", "top_n_sigma", "message_delimiters",
+           "model", "id_slot")
+
+#: fields whose every other value is refused (a 400 naming it): what they turn on is not here
+OFF_ONLY = {"dynatemp_range": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_indent": 0,
+            "t_max_predict_ms": 0, "lora": [], "n_cmpl": 1, "n": 1}
+
+_NUMBERS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+            "typical_p": "typical_p", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
+            "frequency_penalty": "frequency_penalty", "mirostat": "mirostat_mode", "mirostat_tau": "mirostat_tau",
+            "mirostat_eta": "mirostat_eta"}
+_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0, "repeat_penalty": 1.0,
+             "presence_penalty": 0.0, "frequency_penalty": 0.0, "mirostat_mode": 0, "mirostat_tau": 5.0,
+             "mirostat_eta": 0.1}
+
+
+def _bad(param: str, why: str) -> RequestError:
+    return RequestError(400, f"invalid {param!r}: {why}", param=param, code="invalid_value")
+
+
+def prompt_tokens(model: ModelAccess, content, param: str, add_special: bool, parse_special: bool,
+                  tokens: dict) -> List[int]:
+    """llama-server's prompt forms as token ids: a string, ids, or ids and strings mixed (a BOS
+    only where the first element is a string and ``add_special``)."""
+    if isinstance(content, str):
+        return list(model.tokenize(content, add_bos=add_special, special=parse_special, tokens=tokens))
+    if isinstance(content, dict) and "prompt_string" in content:
+        if content.get("multimodal_data"):
+            raise RequestError(400, f"{param!r}: multimodal data is not supported (no model here takes it)",
+                               param=param, code="unsupported_value")
+        return prompt_tokens(model, content["prompt_string"], param, add_special, parse_special, tokens)
+    if not isinstance(content, list):
+        raise _bad(param, "a string, a list of token ids, or both mixed is expected")
+    out: List[int] = []
+    for i, part in enumerate(content):
+        if isinstance(part, str):
+            out += model.tokenize(part, add_bos=add_special and i == 0, special=parse_special, tokens=tokens)
+        elif isinstance(part, int) and not isinstance(part, bool):
+            out += model.check_tokens([part], param)
+        else:
+            raise _bad(param, f"element {i} is neither a token id nor a string")
+    return out
+
+
+def _one_prompt(prompt):
+    """The request's one prompt: llama-server takes a list of prompts too (strings, id lists,
+    objects), but not ids and strings mixed, which are one prompt."""
+    if not isinstance(prompt, list) or not prompt:
+        return prompt
+    if all(isinstance(p, (int, str)) and not isinstance(p, bool) for p in prompt) and \
+            any(isinstance(p, int) for p in prompt):
+        return prompt  # ids, or ids and strings mixed: one prompt
+    if len(prompt) > 1:
+        raise RequestError(400, f"{len(prompt)} prompts in one request: send one prompt per request",
+                           param="prompt", code="unsupported_value")
+    return prompt[0]
+
+
+def _logit_bias(model: ModelAccess, value, eos_never: bool) -> dict:
+    pairs = list(value.items()) if isinstance(value, dict) else value if isinstance(value, list) else None
+    if pairs is None:
+        raise _bad("logit_bias", "an array of [token or string, bias] pairs or an object is expected")
+    bias = {}
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise _bad("logit_bias", "each entry must be [token or string, bias]")
+        key, score = pair
+        if score is False:
+            score = float("-inf")
+        elif isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise _bad("logit_bias", f"the bias of {key!r} must be a number or false")
+        if isinstance(key, str) and key.lstrip("-").isdigit() and isinstance(value, dict):
+            key = int(key)  # the object form's keys are strings
+        ids = model.check_tokens([key], "logit_bias") if isinstance(key, int) and not isinstance(key, bool) else \
+            model.tokenize(key, add_bos=False, special=False, tokens={}) if isinstance(key, str) else None
+        if ids is None:
+            raise _bad("logit_bias", f"{key!r} is neither a token id nor a string")
+        for t in ids:
+            bias[t] = float(score)
+    if eos_never:
+        bias[model.llm.token_eos()] = float("-inf")
+    return bias
+
+
+class Options:
+    """What shapes a /completion answer besides the model's output."""
+
+    def __init__(self, body: dict, n_prompt: int, prompt_text: str, settings: dict):
+        self.return_tokens = bool(body.get("return_tokens"))
+        self.return_progress = bool(body.get("return_progress"))
+        self.timings_per_token = bool(body.get("timings_per_token"))
+        self.response_fields = body.get("response_fields") or []
+        if not isinstance(self.response_fields, list) or not all(isinstance(f, str) for f in self.response_fields):
+            raise _bad("response_fields", "a list of field names is expected")
+        self.n_predict_zero = False
+        self.n_prompt = n_prompt
+        self.prompt_text = prompt_text
+        self.settings = settings
+        self.stop = settings.get("stop") or []
+
+
+def _slot(job) -> int:
+    """The engine slot a job ran on (0 before it reached one)."""
+    r = getattr(job, "request", None)
+    return r.slot if r is not None and r.slot is not None else 0
+
+
+def completion(body: dict, model: ModelAccess):
+    """``POST /completion``: a :class:`Plan` and its :class:`Options`."""
+    for key, off in OFF_ONLY.items():
+        if key in body and body[key] not in (off, None):
+            raise RequestError(400, f"{key!r} is not implemented by this server; leave it out or at {off!r}",
+                               param=key, code="unsupported_parameter")
+    slot = body.get("id_slot", -1)
+    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not -1 <= slot < model.n_slots):
+        raise _bad("id_slot", f"{slot!r}: this server has slots 0 to {model.n_slots - 1} (or -1: any)")
+    if "prompt" not in body:
+        raise RequestError(400, "'prompt' is required", param="prompt", code="invalid_value")
+    kwargs = dict(_DEFAULTS)
+    if model.temperature is not None:
+        kwargs["temperature"] = model.temperature
+    for field, kw in _NUMBERS.items():
+        value = body.get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(field, "a number is expected")
+        kwargs[kw] = int(value) if kw in ("top_k", "mirostat_mode") else float(value)
+    n_predict = body.get("n_predict", body.get("max_tokens"))
+    if n_predict is None:
+        n_predict = model.n_predict if model.n_predict is not None else -1
+    if isinstance(n_predict, bool) or not isinstance(n_predict, int) or n_predict < -1:
+        raise _bad("n_predict", "an integer, -1 (up to the context) or more is expected")
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise _bad("stop", "a list of strings is expected")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise _bad("seed", "an integer is expected")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("stream", "true or false is expected")
+    plan = Plan(kind="completion", kwargs=kwargs, stream=stream, prompt_param="prompt",
+                id_slot=slot if slot is not None and slot >= 0 else None)
+    ids = prompt_tokens(model, _one_prompt(body["prompt"]), "prompt", True, True, {})
+    if not ids:
+        raise RequestError(400, "the prompt is empty: send a non-empty 'prompt'", param="prompt", code="invalid_value")
+    plan.n_prompt = len(ids)
+    model.check_context(plan.n_prompt, "prompt")
+    kwargs.update(prompt=ids, max_tokens=n_predict if n_predict > 0 else None, stop=stop, stream=stream,
+                  seed=None if seed in (None, -1) else seed, model=model.alias)
+    if body.get("grammar") is not None and body.get("json_schema") is not None:
+        raise RequestError(400, "both 'grammar' and 'json_schema' given: send one", param="grammar",
+                           code="invalid_value")
+    grammar = body.get("grammar")
+    if body.get("json_schema") is not None:
+        if not isinstance(body["json_schema"], dict):
+            raise _bad("json_schema", "a JSON schema object is expected")
+        grammar, plan.grammar_param = model.schema_grammar(body["json_schema"], "json_schema"), "json_schema"
+    elif grammar is not None:
+        if not isinstance(grammar, str):
+            raise _bad("grammar", "a GBNF text is expected")
+        model.check_grammar(grammar, "grammar")
+        plan.grammar_param = "grammar"
+    if grammar:
+        from ..native.binding import llama_cpp
+
+        kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
+    min_tokens = body.get("min_tokens", 0)
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+        raise _bad("min_tokens", "an integer >= 0 is expected")
+    plan.min_tokens = min_tokens
+    if body.get("logit_bias") or body.get("ignore_eos"):
+        plan.logit_bias = _logit_bias(model, body.get("logit_bias") or [], bool(body.get("ignore_eos")))
+    n_probs = body.get("n_probs", 0)
+    if isinstance(n_probs, bool) or not isinstance(n_probs, int) or n_probs < 0:
+        raise _bad("n_probs", "an integer >= 0 is expected")
+    if n_probs:
+        kwargs["logprobs"] = n_probs
+    settings = {"n_predict": n_predict, "max_tokens": n_predict, "seed": seed if seed is not None else -1,
+                "temperature": kwargs["temperature"], "top_k": kwargs["top_k"], "top_p": kwargs["top_p"],
+                "min_p": kwargs["min_p"], "typical_p": kwargs["typical_p"], "repeat_penalty": kwargs["repeat_penalty"],
+                "presence_penalty": kwargs["presence_penalty"], "frequency_penalty": kwargs["frequency_penalty"],
+                "mirostat": kwargs["mirostat_mode"], "mirostat_tau": kwargs["mirostat_tau"],
+                "mirostat_eta": kwargs["mirostat_eta"], "stop": stop, "stream": stream, "n_probs": n_probs,
+                "min_keep": 0, "ignore_eos": bool(body.get("ignore_eos")), "grammar": grammar or "",
+                "timings_per_token": bool(body.get("timings_per_token")), "speculative": model.drafting}
+    plan.info = settings
+    options = Options(body, plan.n_prompt, model.llm.detokenize(ids, special=True).decode("utf-8", "replace"),
+                      settings)
+    options.n_predict_zero = n_predict == 0
+    return plan, options
+
+
+def _timings_now(piece: dict, n_prompt: int) -> dict:
+    """A stream event's timings, measured by the worker (``timings_per_token``)."""
+    t_first = piece.get("t_first") or piece["t"]
+    prompt_ms = (t_first - piece["t_started"]) * 1e3 if piece.get("t_started") else 0.0
+    predicted_ms = (piece["t"] - t_first) * 1e3
+    n = piece["n_decoded"]
+    return {"prompt_n": n_prompt, "prompt_ms": prompt_ms,
+            "prompt_per_second": n_prompt / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
+            "predicted_n": n, "predicted_ms": predicted_ms,
+            "predicted_per_second": n / predicted_ms * 1e3 if predicted_ms > 0 and n else 0.0}
+
+
+def _select(res: dict, fields) -> dict:
+    """``response_fields``: the named fields only; ``a/b`` takes ``b`` out of ``a`` as ``a/b``."""
+    out = {}
+    for path in fields:
+        node = res
+        for part in str(path).split("/"):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            out[path] = node
+    return out
+
+
+class Responder:
+    """How one /completion request's results become llama-server's answers."""
+
+    dialect = LLAMA
+
+    def __init__(self, plan: Plan, options: Options, model: ModelAccess):
+        self.plan, self.options, self.model = plan, options, model
+        self.text = ""  # a stream's text so far
+
+    def _stop(self, text: str, finish_reason: Optional[str], token_ids: List[int]) -> tuple:
+        """llama-server's stop_type and stopping_word from the finish reason and the tokens
+        sampled: a stop word is what they say beyond the answer's text."""
+        if finish_reason != "stop":
+            return "limit", ""
+        full = self.model.llm.detokenize(token_ids, special=False).decode("utf-8", "replace")
+        at = full.find(text) if text else 0
+        rest = full[at + len(text):] if at >= 0 else full
+        word = next((s for s in self.options.stop if s and s in rest), "")
+        return ("word", word) if word else ("eos", "")
+
+    def final(self, text: str, token_ids: List[int], timings: Optional[dict], finish_reason, slot: int = 0) -> dict:
+        """The last answer: ``text`` the whole answer's, ``token_ids`` every token sampled, ``slot``
+        the engine slot it ran on."""
+        t = timings or {}
+        stop_type, word = self._stop(text, finish_reason, token_ids)
+        res = {"index": 0, "content": "" if self.plan.stream else text,
+               "tokens": list(token_ids) if self.options.return_tokens and not self.plan.stream else [],
+               "id_slot": slot, "stop": True, "model": self.model.alias, "tokens_predicted": len(token_ids),
+               "tokens_evaluated": self.options.n_prompt, "generation_settings": self.options.settings,
+               "prompt": self.options.prompt_text, "has_new_line": "\n" in text, "truncated": False,
+               "stop_type": stop_type, "stopping_word": word,
+               "tokens_cached": t.get("cache_n", 0) + t.get("prompt_n", 0) + len(token_ids), "timings": t}
+        if self.options.response_fields:
+            res = _select(res, self.options.response_fields)
+        return res
+
+    def response(self, out: dict, job) -> dict:
+        choice = out["choices"][0]
+        res = self.final(choice.get("text", ""), job.token_ids, out.get("timings"), choice.get("finish_reason"),
+                         _slot(job))
+        if choice.get("logprobs") and not self.options.response_fields:
+            lp = choice["logprobs"]
+            res["completion_probabilities"] = [
+                {"token": tok, "logprob": p, "top_logprobs": [{"token": k, "logprob": v} for k, v in (top or {}).items()]}
+                for tok, p, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("top_logprobs") or [])]
+        return res
+
+    def zero(self) -> dict:
+        """n_predict 0: the prompt, tokenized; nothing generated."""
+        return self.final("", [], {"cache_n": 0, "prompt_n": 0}, "length")
+
+    def first(self, job) -> List[dict]:
+        if self.options.return_progress and job.progress is not None:
+            return [{"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": _slot(job), "tokens_predicted": 0,
+                     "tokens_evaluated": self.options.n_prompt, "prompt_progress": dict(job.progress)}]
+        return []
+
+    def events(self, piece: dict, job) -> List[dict]:
+        chunk = piece["chunk"]
+        choice = chunk["choices"][0]
+        text = choice.get("text") or ""
+        self.text += text
+        out = []
+        if text or piece["tokens"]:
+            event = {"index": 0, "content": text, "tokens": piece["tokens"], "stop": False, "id_slot": _slot(job),
+                     "tokens_predicted": piece["n_decoded"], "tokens_evaluated": self.options.n_prompt}
+            if self.options.timings_per_token:
+                event["timings"] = _timings_now(piece, self.options.n_prompt)
+            out.append(event)
+        if choice.get("finish_reason") is not None:
+            out.append(self.final(self.text, job.token_ids, chunk.get("timings"), choice["finish_reason"], _slot(job)))
+        return out
+
+    def end(self) -> List[str]:
+        return []
+
+
+def props(model: ModelAccess, *, total_slots: int, slots_endpoint: bool, metrics: bool, model_path: str,
+          build_info: str) -> dict:
+    """GET /props: this server as it is (one slot, its defaults, its template)."""
+    llm = model.llm
+    params = dict(_DEFAULTS, n_predict=model.n_predict if model.n_predict is not None else -1, seed=-1,
+                  stop=[], stream=False, n_probs=0, min_keep=0, ignore_eos=False, grammar="")
+    params["mirostat"] = params.pop("mirostat_mode")
+    if model.temperature is not None:
+        params["temperature"] = model.temperature
+
+    def text(token: int) -> str:
+        return llm.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""
+
+    return {"default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": model.n_ctx,
+                                            "speculative": model.drafting, "is_processing": False,
+                                            "params": params},
+            "total_slots": total_slots, "model_alias": model.alias, "model_path": model_path,
+            "modalities": {"vision": False, "audio": False, "video": False},
+            "endpoint_slots": slots_endpoint, "endpoint_props": False, "endpoint_metrics": metrics,
+            "chat_template": model.chat.source if model.chat is not None else "",
+            "chat_template_caps": {}, "bos_token": text(llm.token_bos()), "eos_token": text(llm.token_eos()),
+            "build_info": build_info, "is_sleeping": False}
+
+
+def tokenize(body: dict, model: ModelAccess) -> dict:
+    """POST /tokenize: ``content`` (a string, or ids and strings mixed), ``add_special``
+    (default false), ``parse_special`` (default true), ``with_pieces``."""
+    if "content" not in body:
+        return {"tokens": []}
+    ids = prompt_tokens(model, body["content"], "content", bool(body.get("add_special", False)),
+                        bool(body.get("parse_special", True)), {})
+    if not body.get("with_pieces"):
+        return {"tokens": ids}
+    out = []
+    for t in ids:
+        piece = model.llm.detokenize([t], special=True)
+        try:
+            out.append({"id": t, "piece": piece.decode("utf-8")})
+        except UnicodeDecodeError:
+            out.append({"id": t, "piece": list(piece)})
+    return {"tokens": out}
+
+
+def detokenize(body: dict, model: ModelAccess) -> dict:
+    """POST /detokenize: ``tokens`` as text."""
+    ids = model.check_tokens(body.get("tokens", []), "tokens")
+    return {"content": model.llm.detokenize(ids, special=True).decode("utf-8", "replace")}
+
+
+def apply_template(body: dict, model: ModelAccess) -> dict:
+    """POST /apply-template: the prompt a chat request with these ``messages`` runs."""
+    from .chat import normalize_messages
+
+    if model.chat is None:
+        raise RequestError(501, "the model has no chat template: start the server with --chat-template or "
+                           "--chat-template-file", type="not_supported_error", code="no_chat_template")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "'messages' must be a non-empty list", param="messages", code="invalid_value")
+    prompt, _ = model.chat.render(normalize_messages(messages), tools=body.get("tools"),
+                                  tool_choice=body.get("tool_choice"))
+    return {"prompt": prompt}
