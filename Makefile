@@ -13,7 +13,7 @@ BINDING_CMAKE_ARGS := -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF
 # The sanitizer build: AddressSanitizer + UndefinedBehaviorSanitizer over the patched ggml/llama
 # and the shim (its own cache key), and the workspace/alias/fault tests under it, the allocation
 # sweep and test-llama-archs's phase-workspace lifecycle (built sanitized, in the sanitizer build's
-# directory) among them.
+# directory) among them, and the engine's N slots at once under tensor split and its faults.
 SANITIZE_CMAKE_ARGS := -DGGML_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_UNDEFINED=ON \
 	-DLLAMA_SANITIZE_ADDRESS=ON -DLLAMA_SANITIZE_UNDEFINED=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # its own manifest: the run time reads the manifest, never CMAKE_ARGS (see manifest.manifest_path)
@@ -33,7 +33,9 @@ SANITIZE_ENV := $(SANITIZE_MANIFEST) \
 SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py \
 	tests/test_memory_pressure.py tests/test_host_kv.py tests/test_sweep.py \
 	tests/test_recurrent_seq_rm.py tests/test_mtp_block.py \
-	tests/test_llama_archs.py::test_the_phase_workspace_lifecycle_over_a_random_mtp_model
+	tests/test_llama_archs.py::test_the_phase_workspace_lifecycle_over_a_random_mtp_model \
+	tests/test_engine.py::test_concurrent_requests_under_tensor_split_equal_their_solo_outputs \
+	tests/test_engine.py::test_an_allocation_failure_fails_the_requests_of_its_step_and_the_retries_match
 
 .PHONY: setup build demo test peer-tests series-check install-ccache bench sanitize clean-build gpu-kit gpu-kit-dry-run
 

@@ -22,23 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401  (the patched build, before llama_cpp)
 from llama_metaws.engine.contexts import load_model, new_context  # noqa: E402
-from llama_metaws.engine.core import Engine  # noqa: E402
 from llama_metaws.testing import make_tiny_mtp_model  # noqa: E402
 from llama_metaws.engine.workspace import Workspace  # noqa: E402
 
 import _doc  # noqa: E402
+from _drafter import Drafter  # noqa: E402
 
-
-class Drafter(Engine):
-    """The engine ``Llama`` runs, over these low-level contexts: ``generate`` is one fresh greedy
-    request; ``on_step`` is called on the engine's thread after each of its steps."""
-
-    def generate(self, prompt, n, on_step=None):
-        self.after_step = on_step
-        try:
-            return self.complete(prompt, n, stop_at_eog=False, cache_prompt=False)
-        finally:
-            self.after_step = None
 
 DRAFT_MAX = 3
 N_SEQ = 2

@@ -546,7 +546,7 @@ class Llama(llama_cpp.Llama):
     def draft_lengths(self) -> dict:
         """The draft lengths the engine's steps asked for since the model loaded (0: a plain
         decode step) and how often."""
-        return dict(self._engine.lengths)
+        return dict(self._engine.total.lengths)
 
     def slots(self) -> list:
         """Each slot's state (llama-server's ``GET /slots`` fields)."""

@@ -41,8 +41,8 @@ def _proposals(llm):
     head = llm._engine.head
     propose = head.propose
 
-    def counting(starts):
-        out = propose(starts)
+    def counting(starts, *args):
+        out = propose(starts, *args)
         calls.extend((n_max, len(out[seq])) for seq, _last, _pos, _row, n_max in starts)
         return out
 
@@ -177,9 +177,11 @@ def test_adaptive_length_follows_acceptance():
     assert a.n == AdaptiveLength.CAP
 
 
-def test_draft_max_auto_adapts_and_keeps_the_output(half_path, models_dir):
+def test_draft_max_auto_keeps_the_output(half_path, models_dir):
+    """Whatever lengths it chooses (tests/test_draft_policy.py: from acceptance and costs), the
+    output is the target's."""
     full = str(make_tiny_mtp_model(models_dir / "drafting-full.gguf", seed=31, agreement=1.0))
-    for path, agrees in ((full, True), (half_path, False)):
+    for path in (full, half_path):
         with Llama(path, **KW) as plain:
             want = plain.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
         with Llama(path, draft="mtp", draft_max="auto", **KW) as llm:
@@ -187,12 +189,9 @@ def test_draft_max_auto_adapts_and_keeps_the_output(half_path, models_dir):
             got = llm.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
             assert got == want
             asked = [n for n, _ in calls]
-            assert llm.context_params.n_rs_seq >= max(asked)
-            cap = AdaptiveLength.CAP
-        if agrees:  # a head that always agrees: every draft as long as it may be
-            assert set(asked[:-1]) == {cap}, asked
-        else:  # rejections on most steps: shorter drafts, lengths that change
-            assert min(asked) < cap and len(set(asked)) > 1, asked
+            assert asked and llm.context_params.n_rs_seq >= max(asked) and max(asked) <= AdaptiveLength.CAP
+            t = llm.timings()
+            assert sum(t["draft_lengths"].values()) > 0 and 0.0 <= t["plain_steps_share"] <= 1.0
 
 
 def test_draft_max_auto_on_the_command_line():

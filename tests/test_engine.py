@@ -117,7 +117,7 @@ def test_greedy_output_is_the_targets_and_acceptance_follows_the_head(setup, dra
         for prompt, n in REQUESTS:
             r = _run(engine, prompt, n)
             assert r.generated == setup.expected(prompt, n), f"prompt of {len(prompt)} tokens"
-            s, steps = r.stats, sum(r.lengths.values())
+            s, steps = r.stats, sum(r.stats.lengths.values())
             assert 1 <= s.steps <= steps <= n
             assert s.accepted <= s.drafted <= draft_max * s.steps
             # every step yields its accepted drafts plus the target's own token
@@ -137,7 +137,7 @@ def test_p_min_one_drafts_nothing(setup) -> None:
             r = _run(engine, prompt, n)
             assert r.generated == setup.expected(prompt, n)
             assert r.stats.drafted == 0 and r.stats.accepted == 0 and r.stats.acceptance == 0.0
-            assert sum(r.lengths.values()) == n  # a plain step per token
+            assert sum(r.stats.lengths.values()) == n  # a plain step per token
 
 
 def test_p_min_below_the_heads_confidence_changes_nothing(tmp_path_factory) -> None:
@@ -224,8 +224,8 @@ def test_drafts_are_the_heads_chain(tmp_path_factory, draft_max) -> None:
             propose = engine.head.propose
             steps = []
 
-            def recording(starts):
-                out = propose(starts)
+            def recording(starts, *args):
+                out = propose(starts, *args)
                 steps.extend((pos, out[seq]) for seq, _last, pos, _row, _n in starts)
                 return out
 

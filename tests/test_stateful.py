@@ -398,7 +398,7 @@ def test_a_one_step_request_without_drafts_leaves_the_shrink_pending(resources, 
         assert set(excess().values()) == {0}
         out, r = _request(engine, PROMPTS[-1], 1)
         assert out == resources.reference("agree-0.5", split, len(PROMPTS) - 1)[:1]
-        assert r.lengths == {0: 1} and not _settles(1)  # one step, no draft
+        assert r.stats.lengths == {0: 1} and not _settles(1)  # one step, no draft
         assert min(excess().values()) > 0, ws.stats()  # every entry waits for the target
         out, _ = _request(engine, PROMPTS[2], 1)
         assert out == resources.reference("agree-0.5", split, 2)[:1]

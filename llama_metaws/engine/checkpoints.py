@@ -33,7 +33,7 @@ from ..native.binding import llama_cpp
 from ..native.shim import check_error, ffi, lib
 from .buffers import context_address
 
-__all__ = ["Checkpoint", "CheckpointStore", "PrefixReuse", "DraftingLlamaState", "DEFAULT_CTX_CHECKPOINTS",
+__all__ = ["Checkpoint", "CheckpointStore", "PrefixReuse", "DEFAULT_CTX_CHECKPOINTS",
            "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_CHECKPOINT_BYTES", "common_prefix"]
 
 #: checkpoints kept at most (llama-server's ``--ctx-checkpoints``; its default is 32)
@@ -250,51 +250,3 @@ class PrefixReuse:
         cp = slot.checkpoints.save(ctx, tokens, row, back)
         if cp is not None and cp.row is not None:
             slot.rows[cp.n_tokens - 1] = cp.row
-
-
-class DraftingLlamaState(llama_cpp.LlamaState):
-    """The binding's ``LlamaState`` plus the MTP draft context: its llama state, the positions it
-    holds and the target's hidden row the next token pairs with."""
-
-    def __init__(self, state, draft_state: bytes, draft_fed: int, draft_row: Optional[np.ndarray]):
-        super().__init__(input_ids=state.input_ids, scores=state.scores, n_tokens=state.n_tokens,
-                         llama_state=state.llama_state, llama_state_size=state.llama_state_size,
-                         seed=state.seed)
-        self.draft_state = draft_state
-        self.draft_fed = draft_fed
-        self.draft_row = draft_row
-
-
-def save_draft_state(llm, state) -> DraftingLlamaState:
-    """``state`` (the target's, from the binding's ``save_state``) with the draft context's."""
-    mtp = llm._mtp
-    mtp.sync(llm.n_tokens)
-    dctx = llm._draft_ctx.ctx
-    size = int(llama_cpp.llama_state_get_size(dctx))
-    buf = (ctypes.c_uint8 * size)()
-    got = int(llama_cpp.llama_state_get_data(dctx, buf, size))
-    if got == 0 or got > size:
-        raise RuntimeError(f"llama_state_get_data on the draft context returned {got} of {size} bytes")
-    row = mtp.rows.get(mtp.fed - 1)
-    return DraftingLlamaState(state, bytes(buf)[:got], mtp.fed,
-                              None if row is None else np.asarray(row, dtype=np.float32).copy())
-
-
-def check_draft_state(llm, state) -> None:
-    """A drafting Llama takes only a state with the draft context's (a ValueError otherwise)."""
-    if llm._mtp is not None and not isinstance(state, DraftingLlamaState):
-        raise ValueError("this state has no MTP draft context (saved by a Llama without draft='mtp'?): "
-                         "save it with a drafting Llama's save_state(), or load it into one without drafting")
-
-
-def load_draft_state(llm, state: DraftingLlamaState) -> None:
-    """After the binding loaded the target's part of ``state``: the draft context's part."""
-    if llm._mtp is None:
-        return
-    blob = state.draft_state
-    buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-    if int(llama_cpp.llama_state_set_data(llm._draft_ctx.ctx, buf, len(blob))) != len(blob):
-        llm.reset()
-        llm._mtp.restart_at(0, None)
-        raise RuntimeError("failed to set the draft context's state: the model starts afresh")
-    llm._mtp.restart_at(min(state.draft_fed, llm.n_tokens), state.draft_row)

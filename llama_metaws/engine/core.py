@@ -30,6 +30,7 @@ from .batch import Batch
 from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CTX_CHECKPOINTS,
                           CheckpointStore, PrefixReuse)
 from .drafting import AdaptiveLength, MTPHead
+from .policy import DraftPolicy, StepCosts
 from .execute import DecodeError, Verdict, execute
 from .request import DraftStats, Output, Request
 from .samplers import SlotSampler
@@ -131,6 +132,8 @@ class Engine:
                 raise ValueError(f"draft_max={draft_max}: the verification batch must fit one target ubatch "
                                  f"(n_ubatch {self.n_ubatch})")
         self.head: Optional[MTPHead] = MTPHead(target, draft, p_min=p_min) if draft is not None else None
+        self.costs = StepCosts()              # what the engine's decodes cost (measured as it runs)
+        self.policy = DraftPolicy(self.costs)  # draft_max="auto": lengths from acceptance and costs
         self.reuse = PrefixReuse(recurrent=self.recurrent, reach=self.n_rs_seq, checkpoint_every=checkpoint_every)
         self.slots: List[Slot] = [
             Slot(i, self.n_ctx_seq, self.n_embd, CheckpointStore(ctx_checkpoints, ctx_checkpoints_bytes, seq_id=i))
@@ -145,7 +148,6 @@ class Engine:
         self.peak_busy = 0                   # the most slots busy in one step
         self.graphs_target = 0
         self.graphs_draft = 0
-        self.lengths: dict = {}              # draft length chosen -> steps, every request so far
         self._pieces: dict = {}
         self._cv = threading.Condition()
         self._ops: Deque[_Exclusive] = collections.deque()
@@ -358,16 +360,33 @@ class Engine:
         return np.stack(out) if out else np.zeros((0, self.n_vocab), dtype=np.float32)
 
     def draft_length(self, v: Verdict) -> int:
-        """Drafts the slot of ``v`` asks for in the next step (0: a plain decode step)."""
+        """The longest draft the slot of ``v`` may take in the next step: ``draft_max``, less where
+        the request's ``max_tokens`` or the slot's context leave fewer (0: a plain decode step)."""
         slot = v.segment.slot
         r = slot.request
         if not r.draft or self.draft_max == 0:
             return 0
-        n = slot.length.next_step() if slot.length is not None else self.draft_max
+        n = self.draft_max
         remaining = r.remaining
         if remaining is not None:  # a step yields its accepted drafts and one token more
             n = min(n, remaining - len(v.tokens) - 1)
         return max(0, min(n, slot.n_ctx - 1 - v.n))
+
+    def draft_lengths(self, going: List[Verdict], verdicts: List[Verdict]) -> List[int]:
+        """The draft lengths of the next step for the slots that go on (``going``): each one's
+        :meth:`draft_length`, or with ``draft_max="auto"`` the :class:`~.policy.DraftPolicy`'s
+        choice within it, from each slot's acceptance and the measured costs of the step."""
+        caps = [self.draft_length(v) for v in going]
+        if not self.adaptive:
+            return caps
+        for v in going:
+            v.segment.slot.length.drift()
+        base = 0  # the next step's prompt tokens, as far as they are known now
+        for v in verdicts:
+            seg = v.segment
+            if seg.kind == "prompt" and not seg.ends_prompt and v.finish is None:
+                base += min(seg.slot.prompt_end - (seg.pos0 + seg.n), self.n_batch)
+        return self.policy.choose([(v.segment.slot.length.p, cap) for v, cap in zip(going, caps)], base)
 
     def decode_target(self, b: Batch, phase: str = "decoding") -> None:
         rc = llama_cpp.llama_decode(self.target.ctx, b.batch)
@@ -437,6 +456,20 @@ class Engine:
             if ctx is not None and ctx.ctx is not None:
                 llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx.ctx), slot.seq_id, -1, -1)
         slot.forget()
+
+    def set_costs(self, costs: StepCosts) -> None:
+        """Another cost model (a test's, or one with its own clock) for draft_max="auto"."""
+        self.costs = costs
+        self.policy = DraftPolicy(costs)
+        if self.head is not None:
+            self.head.clock = costs.clock
+
+    def graphs_of_draft(self, segments) -> int:
+        """The graphs the MTP draft context computed catching up with a step of these segments
+        (its KV cache: a stream per sequence without kv_unified, the same split as the target's
+        attention)."""
+        return n_graphs(segments, self.n_ubatch, sequential=not self.unified, keep_tail=0,
+                        split_equal=not self.unified and len(self.slots) > 1)
 
     def graphs(self, segments) -> int:
         """The graphs the target computed for a step of these segments (llama.cpp's ubatch split)."""

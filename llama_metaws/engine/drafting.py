@@ -19,6 +19,7 @@ slots) over the binding's low-level calls:
 
 from __future__ import annotations
 
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -41,13 +42,14 @@ def top_probability(logits: np.ndarray) -> float:
 
 
 class AdaptiveLength:
-    """``draft_max="auto"``: the draft length chosen per step from the recent verdicts.
+    """A slot's acceptance per draft depth, for ``draft_max="auto"``.
 
     It keeps, for every draft depth ``d`` (1 to :attr:`CAP`), an estimate of how often a
     draft's ``d``-th token is accepted once the ones before it were: a moving average of the
-    verdicts (weight :attr:`RATE`). A step drafts the leading depths whose estimate is at
-    least :attr:`KEEP`, none when the first is below it (a plain decode step). Every step each
-    estimate drifts up by :attr:`RETRY`, so a depth given up is tried again now and then.
+    verdicts (weight :attr:`RATE`). Every step each estimate drifts up by :attr:`RETRY`, so a
+    depth given up is tried again now and then. The engine's :class:`~.policy.DraftPolicy`
+    weighs these against the measured costs; :attr:`n` is the length acceptance alone would take
+    (the leading depths whose estimate is at least :attr:`KEEP`, none when the first is below it).
     """
 
     CAP = AUTO_DRAFT_MAX
@@ -65,9 +67,14 @@ class AdaptiveLength:
             n += 1
         return n
 
-    def next_step(self) -> int:
-        """A step starts: the estimates drift up; return its draft length."""
+    def drift(self) -> None:
+        """A step starts: the estimates drift up, so a depth given up is tried again now and then."""
         self.p = [min(1.0, p + self.RETRY) for p in self.p]
+
+    def next_step(self) -> int:
+        """A step starts (:meth:`drift`); the draft length acceptance alone would take: the leading
+        depths whose estimate is at least :attr:`KEEP`."""
+        self.drift()
         return self.n
 
     def update(self, drafted: int, accepted: int) -> None:
@@ -107,6 +114,7 @@ class MTPHead:
         self.capacity = int(llama_cpp.llama_n_batch(dctx))
         self.batch = Batch(self.capacity, self.n_embd)
         self.zero = np.zeros(self.n_embd, dtype=np.float32)
+        self.clock = time.perf_counter  # the engine's cost model may give its own
         llama_ext.llama_set_embeddings_nextn(tctx, True, False)  # a hidden row for every token
         llama_ext.llama_set_embeddings_nextn(dctx, True, True)   # rows for output tokens only
 
@@ -132,9 +140,11 @@ class MTPHead:
             b.add(tokens[i0 : i0 + n], int(pos[i0]), seq_id, False, paired)
         self._decode(b, phase)
 
-    def propose(self, starts: Sequence[Tuple[int, int, int, Optional[np.ndarray], int]]) -> Dict[int, List[int]]:
+    def propose(self, starts: Sequence[Tuple[int, int, int, Optional[np.ndarray], int]],
+                on_depth=None) -> Dict[int, List[int]]:
         """Drafts for several slots: ``starts`` are ``(seq_id, last, pos, pending, n_max)``; one
-        draft decode per depth carries every slot still drafting. Returns seq_id -> drafts."""
+        draft decode per depth carries every slot still drafting. Returns seq_id -> drafts.
+        ``on_depth(m, seconds)``: told each draft decode's slots and time (its logits read)."""
         out: Dict[int, List[int]] = {s[0]: [] for s in starts}
         live = [(seq_id, last, pos, self.zero if pending is None else pending, n_max)
                 for seq_id, last, pos, pending, n_max in starts if n_max > 0]
@@ -145,10 +155,13 @@ class MTPHead:
                 b.clear()
                 for seq_id, tok, pos, row, _ in live:
                     b.add([tok], pos + depth, seq_id, True, row[None, :])
+                t0 = self.clock()
                 self._decode(b, "drafting")
                 nxt = []
                 for i, (seq_id, _tok, pos, _row, n_max) in enumerate(live):
                     logits = self._logits(dctx, i)
+                    if i == 0 and on_depth is not None:  # the logits read waited for the decode
+                        on_depth(len(live), self.clock() - t0)
                     tok = int(np.argmax(logits))
                     if self.p_min > 0.0 and top_probability(logits) < self.p_min:
                         continue

@@ -54,6 +54,7 @@ class Verdict:
 
 def execute(engine, plan: StepPlan) -> List[Verdict]:
     head = engine.head
+    costs = engine.costs
     verdicts = [Verdict(seg) for seg in plan.segments]
     if plan.segments:
         b = engine.tbatch
@@ -61,16 +62,23 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
         for seg in plan.segments:
             seg.i0 = b.add(seg.tokens, seg.pos0, seg.slot.seq_id, seg.outputs)
         phase = "prompt processing" if any(s.kind == "prompt" for s in plan.segments) else "decoding"
+        costs, clock = engine.costs, engine.costs.clock
+        t0 = clock()
         engine.decode_target(b, phase)
+        llama_cpp.llama_synchronize(engine.target.ctx)
+        costs.target.add(b.n, clock() - t0)
 
         rows = head.target_rows(b.n) if head is not None else None
         for v in verdicts:  # before any other decode: the state_back reads this decode's snapshots
             if v.segment.backs:
                 engine.take_checkpoints(v.segment, rows)
         if head is not None:
+            t0 = clock()
             head.catch_up([(s.slot.seq_id, s.i0, s.n, s.slot.pending) for s in plan.segments], b.token, b.pos,
                           rows, phase)
-            engine.graphs_draft += 1
+            llama_cpp.llama_synchronize(engine.draft.ctx)
+            costs.catch_up.add(b.n, clock() - t0)
+            engine.graphs_draft += engine.graphs_of_draft(plan.segments)
 
         tctx = engine.target.ctx
         for v in verdicts:
@@ -85,16 +93,19 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
         verdicts.append(v)
 
     if engine.draft_max:
+        going = [v for v in verdicts if v.finish is None and v.last is not None]
         starts = []
-        for v in verdicts:
-            if v.finish is None and v.last is not None:
-                n_max = engine.draft_length(v)
-                v.draft_len = n_max
-                if n_max > 0:
-                    starts.append((v, n_max))
+        for v, n_max in zip(going, engine.draft_lengths(going, verdicts)):
+            v.draft_len = n_max
+            if n_max > 0:
+                starts.append((v, n_max))
         if starts and head is not None:
-            proposed = head.propose([(v.segment.slot.seq_id, v.last, v.n, v.pending, n) for v, n in starts])
-            engine.graphs_draft += max(len(d) for d in proposed.values()) + 1 if proposed else 0
+            def on_depth(m, seconds):
+                costs.draft.add(m, seconds)
+                engine.graphs_draft += 1
+
+            proposed = head.propose([(v.segment.slot.seq_id, v.last, v.n, v.pending, n) for v, n in starts],
+                                    on_depth)
             for v, _ in starts:
                 v.drafts = proposed.get(v.segment.slot.seq_id, [])
         elif starts:  # a Python draft model (the binding's prompt lookup, ...)

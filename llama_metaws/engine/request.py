@@ -32,21 +32,36 @@ AHEAD = 1
 
 @dataclasses.dataclass
 class DraftStats:
-    """Draft tokens proposed and accepted, and verification steps (a step that drafted)."""
+    """Draft tokens proposed and accepted, verification steps (a step that drafted), and
+    ``lengths``: the draft length each decode step asked for -> how many steps (0: a plain
+    decode step; with ``draft_max="auto"`` the policy's choice)."""
 
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
+    lengths: Dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def acceptance(self) -> float:
         """``accepted / drafted``; 0.0 when nothing was drafted."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
+    @property
+    def plain_steps_share(self) -> float:
+        """The share of decode steps that drafted nothing; 0.0 before any."""
+        steps = sum(self.lengths.values())
+        return self.lengths.get(0, 0) / steps if steps else 0.0
+
     def add(self, other: "DraftStats") -> None:
         self.drafted += other.drafted
         self.accepted += other.accepted
         self.steps += other.steps
+        for k, v in other.lengths.items():
+            self.lengths[k] = self.lengths.get(k, 0) + v
+
+    def chose(self, length: int) -> None:
+        """A decode step ran with a draft of ``length`` asked for."""
+        self.lengths[length] = self.lengths.get(length, 0) + 1
 
 
 @dataclasses.dataclass
@@ -111,8 +126,7 @@ class Request:
         self.finish: Optional[str] = None
         self.error: Optional[BaseException] = None
         self.slot: Optional[int] = None
-        self.stats = DraftStats()
-        self.lengths: Dict[int, int] = {}   # draft length chosen -> steps (0: a plain decode step)
+        self.stats = DraftStats()           # with the draft lengths its steps asked for
         self.cache_n = 0                    # prompt tokens kept from earlier requests
         self.prompt_n = 0                   # prompt tokens evaluated
         self.t_submit = time.perf_counter()
@@ -212,7 +226,6 @@ def timings_of(r: Request) -> dict:
     else:
         n_prompt_phase, t_split, n_decode = max(r.prompt_n - 1, 0), r.t_encoded, predicted_n
     prompt_s, predicted_s = t_split - t0, t_end - t_split
-    steps = sum(r.lengths.values())
     return {
         "prompt_tokens": len(r.prompt),
         "cache_n": r.cache_n,
@@ -227,6 +240,6 @@ def timings_of(r: Request) -> dict:
         "decode_tokens_per_s": n_decode / predicted_s if n_decode and predicted_s > 0 else 0.0,
         "draft_n": r.stats.drafted,
         "draft_n_accepted": r.stats.accepted,
-        "draft_lengths": {int(k): int(v) for k, v in sorted(r.lengths.items())},
-        "plain_steps_share": r.lengths.get(0, 0) / steps if steps else 0.0,
+        "draft_lengths": {int(k): int(v) for k, v in sorted(r.stats.lengths.items())},
+        "plain_steps_share": r.stats.plain_steps_share,
     }

@@ -58,8 +58,8 @@ def update(engine, plan: StepPlan, verdicts: List[Verdict]) -> None:
                 if slot.length is not None:
                     slot.length.update(v.drafted, v.accepted)
         if seg.kind == "decode":  # the draft length this step ran with, as it was asked for
-            r.lengths[slot.asked] = r.lengths.get(slot.asked, 0) + 1
-            engine.lengths[slot.asked] = engine.lengths.get(slot.asked, 0) + 1
+            r.stats.chose(slot.asked)
+            engine.total.chose(slot.asked)
         if v.tokens:
             if r.t_first is None:
                 r.t_first = now

@@ -1,0 +1,175 @@
+"""``draft_max="auto"``: each step's draft lengths, chosen from measured costs.
+
+Speculation pays only while verifying ``1 + k`` tokens costs little more than decoding one. On a
+CPU, or on a GPU whose batch is full of other sequences, the verification batch is compute-bound
+and costs almost ``1 + k`` decodes; there drafting makes every request slower. So the lengths are
+chosen to maximize the tokens a step yields per second, for the whole step, since the batch is
+shared: drafting for one slot makes every slot's step longer.
+
+- **What a draft yields**: each slot keeps, per draft depth ``d``, an estimate ``p_d`` of how often
+  the ``d``-th draft token is accepted once the ones before it were (a moving average of the
+  verdicts, :class:`~.drafting.AdaptiveLength`). A draft of ``k`` tokens yields
+  ``1 + p_1 + p_1 p_2 + ... + p_1 ... p_k`` tokens on average.
+- **What a step costs**: :class:`StepCosts` measures, as the engine runs, the time of a target
+  decode of ``n`` tokens, of the draft context's catch-up over those ``n`` tokens, and of one
+  draft decode over ``m`` slots (moving averages per size, interpolated between the sizes seen,
+  extrapolated linearly beyond them).
+- **The choice** (:meth:`DraftPolicy.choose`): starting from no draft anywhere, each slot in
+  turn, those whose drafts yield most first, takes the length (0 to its cap) that gives the
+  step the most expected tokens per second given the others' lengths, until none changes; a
+  plain decode step (``k = 0``) where no draft pays.
+
+Depths given up are tried again now and then: every step each estimate drifts up a little
+(``AdaptiveLength.RETRY``), so a change of content, or of load, is noticed. A cost model can be
+injected (tests, and a clock: :class:`StepCosts` takes one).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["StepCosts", "FixedCosts", "DraftPolicy", "expected_tokens"]
+
+
+def expected_tokens(p: Sequence[float], k: int) -> float:
+    """The tokens a step with a draft of ``k`` yields on average, with per-depth acceptance ``p``."""
+    total, keep = 1.0, 1.0
+    for d in range(k):
+        keep *= p[d]
+        total += keep
+    return total
+
+
+class _Curve:
+    """Seconds as a function of a size: moving averages per size seen, linear in between and
+    beyond (through the two nearest sizes; proportional to the size from a single one)."""
+
+    RATE = 0.2
+
+    def __init__(self) -> None:
+        self.sizes: List[int] = []
+        self.values: Dict[int, float] = {}
+
+    def add(self, size: int, seconds: float) -> None:
+        if size <= 0 or seconds < 0:
+            return
+        if size in self.values:
+            self.values[size] += self.RATE * (seconds - self.values[size])
+        else:
+            bisect.insort(self.sizes, size)
+            self.values[size] = seconds
+
+    @property
+    def known(self) -> bool:
+        return bool(self.sizes)
+
+    def __call__(self, size: int) -> float:
+        if size <= 0 or not self.sizes:
+            return 0.0
+        if size in self.values:
+            return self.values[size]
+        s = self.sizes
+        if len(s) == 1:
+            return self.values[s[0]] * size / s[0]
+        i = bisect.bisect_left(s, size)
+        lo, hi = (s[0], s[1]) if i == 0 else (s[-2], s[-1]) if i >= len(s) else (s[i - 1], s[i])
+        a, b = self.values[lo], self.values[hi]
+        return max(0.0, a + (b - a) * (size - lo) / (hi - lo))
+
+
+class StepCosts:
+    """The costs the engine measures as it runs (see the module docstring); ``clock``: seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.target = _Curve()    # target decode of n tokens
+        self.catch_up = _Curve()  # the draft context's catch-up over n tokens
+        self.draft = _Curve()     # one draft decode over m slots
+
+    @property
+    def known(self) -> bool:
+        return self.target.known
+
+    def step(self, n_target: int, depths: Sequence[int]) -> float:
+        """A step's seconds: a target batch of ``n_target`` tokens, its catch-up, and draft decodes
+        over ``depths[d]`` slots at depth ``d``."""
+        return self.target(n_target) + self.catch_up(n_target) + sum(self.draft(m) for m in depths if m)
+
+
+class _Given:
+    """A curve given as a function: what the engine measures is not added to it."""
+
+    known = True
+
+    def __init__(self, f: Callable[[int], float]) -> None:
+        self.f = f
+
+    def add(self, size: int, seconds: float) -> None:
+        pass
+
+    def __call__(self, size: int) -> float:
+        return self.f(size) if size > 0 else 0.0
+
+
+class FixedCosts(StepCosts):
+    """Costs given as functions (tests): ``target(n)``, ``catch_up(n)``, ``draft(m)`` seconds."""
+
+    def __init__(self, target: Callable[[int], float], catch_up: Callable[[int], float] = lambda n: 0.0,
+                 draft: Callable[[int], float] = lambda m: 0.0) -> None:
+        super().__init__()
+        self.target, self.catch_up, self.draft = _Given(target), _Given(catch_up), _Given(draft)  # type: ignore[assignment]
+
+    @property
+    def known(self) -> bool:
+        return True
+
+
+class DraftPolicy:
+    """Chooses each step's draft lengths (see the module docstring) from ``costs``."""
+
+    def __init__(self, costs: Optional[StepCosts] = None) -> None:
+        self.costs = costs if costs is not None else StepCosts()
+
+    def choose(self, slots: Sequence[Tuple[Sequence[float], int]], base_tokens: int = 0) -> List[int]:
+        """Draft lengths for the slots of the next step: each is ``(p, cap)``, its per-depth
+        acceptance estimates and the longest draft it may take; ``base_tokens``: the batch's other
+        tokens (prompt chunks). Until a cost is measured every slot drafts its cap.
+
+        The step's rate, ``sum(expected tokens) / step seconds``, is maximized one slot at a time
+        (each slot's best length given the others', every length from 0 to its cap, since a draft
+        decode is a fixed cost per depth that one token alone may not pay and three may), over
+        the slots in turn until no slot changes."""
+        caps = [max(0, min(cap, len(p))) for p, cap in slots]
+        if not self.costs.known:
+            return caps
+        yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
+        k = [0] * len(slots)
+
+        def rate(ks) -> float:
+            depths = [sum(1 for x in ks if x > d) for d in range(max(ks, default=0))]
+            seconds = self.costs.step(base_tokens + sum(1 + x for x in ks), depths)
+            tokens = sum(y[x] for y, x in zip(yields, ks))
+            return tokens / seconds if seconds > 0 else float("inf")
+
+        # the slots whose drafts yield most choose first: where the batch has room for some
+        # drafts only, theirs
+        order = sorted(range(len(slots)), key=lambda s: -yields[s][caps[s]])
+        for _ in range(4):  # a few rounds: each slot's best length given the others'
+            changed = False
+            for s in order:
+                best_k, best = k[s], rate(k)
+                for x in range(caps[s] + 1):
+                    if x == k[s]:
+                        continue
+                    trial = list(k)
+                    trial[s] = x
+                    r = rate(trial)
+                    if r > best * (1 + 1e-9):
+                        best_k, best = x, r
+                if best_k != k[s]:
+                    k[s], changed = best_k, True
+            if not changed:
+                break
+        return k

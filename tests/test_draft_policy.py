@@ -1,0 +1,178 @@
+"""``draft_max="auto"``: each step's draft lengths from acceptance and measured costs
+(``llama_metaws.engine.policy``).
+
+The policy alone over cost models given as functions; then through ``Llama`` with an injected
+cost model (drafting never pays: plain steps only; always pays: the cap), and with the engine's
+own measurements under a fake clock that makes decodes cost what a CPU or a GPU would (the choice
+follows them). The output is the target's whatever the lengths.
+"""
+
+import ctypes
+
+import pytest
+
+import llama_metaws  # noqa: F401  (the patched build first)
+import llama_cpp
+
+from llama_metaws import Llama
+from llama_metaws.engine.drafting import AdaptiveLength
+from llama_metaws.engine.policy import DraftPolicy, FixedCosts, StepCosts, expected_tokens
+from llama_metaws.testing import make_tiny_mtp_model
+
+KW = dict(n_ctx=512, n_batch=64, n_ubatch=64, verbose=False)
+PROMPT = "the quick brown fox jumps over the lazy dog " * 4
+CAP = AdaptiveLength.CAP
+
+# seconds: a target decode of n tokens on a CPU (each token costs, compute-bound) or on a GPU
+# (flat until the batch is large), the draft context's catch-up, one draft decode
+CPU = dict(target=lambda n: 0.010 * n, catch_up=lambda n: 0.001 * n, draft=lambda m: 0.004 * m)
+GPU = dict(target=lambda n: 0.010 + 0.0002 * n, catch_up=lambda n: 0.0005, draft=lambda m: 0.0008)
+
+
+def test_expected_tokens_multiplies_the_acceptance_of_each_depth():
+    assert expected_tokens([1.0] * 4, 0) == 1.0
+    assert expected_tokens([1.0] * 4, 3) == 4.0
+    assert expected_tokens([0.5, 0.5, 0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_where_drafting_never_pays_every_step_is_plain():
+    policy = DraftPolicy(FixedCosts(**CPU))
+    assert policy.choose([([1.0] * CAP, CAP)]) == [0]  # even a head that always agrees
+    assert policy.choose([([1.0] * CAP, CAP)] * 4) == [0, 0, 0, 0]
+
+
+def test_where_drafting_pays_the_cap_or_the_depths_that_agree():
+    policy = DraftPolicy(FixedCosts(**GPU))
+    assert policy.choose([([1.0] * CAP, CAP)]) == [CAP]
+    assert policy.choose([([1.0] * CAP, 3)]) == [3]  # never past the slot's cap (max_tokens, context)
+    # acceptance that falls with depth: the depths worth their draft decode
+    k = policy.choose([([0.9, 0.8, 0.3, 0.1, 0.05, 0.05], CAP)])[0]
+    assert 1 <= k < CAP
+    assert policy.choose([([0.0] * CAP, CAP)]) == [0]  # a head that never agrees: plain steps
+
+
+def test_a_shared_batch_weighs_every_slots_tokens():
+    # a GPU whose batch saturates at 16 tokens: beyond, every token costs like on a CPU
+    def saturating(n):
+        return 0.010 + 0.010 * max(0, n - 16) / 16 * 4
+
+    policy = DraftPolicy(FixedCosts(target=saturating, draft=lambda m: 0.0005))
+    one = policy.choose([([0.9] * CAP, CAP)])
+    four = policy.choose([([0.9] * CAP, CAP)] * 4)
+    assert one == [CAP]
+    assert sum(four) < 4 * CAP  # four slots share the batch: drafting for one lengthens the step of all
+    # while the batch is flat, even a head that rarely agrees drafts: its tokens cost nothing
+    assert policy.choose([([0.95] * CAP, CAP), ([0.05] * CAP, CAP)]) == [CAP, CAP]
+    # once it is full, the slots whose heads agree get the room, the others none
+    mixed = policy.choose([([0.05] * CAP, CAP), ([0.95] * CAP, CAP)] * 2)
+    assert mixed[1] > 0 and mixed[3] > 0 and mixed[0] == 0 and mixed[2] == 0, mixed
+    # a long prompt chunk in the same batch: the step is long anyway, and a draft token adds
+    # little to it
+    assert sum(policy.choose([([0.9] * CAP, CAP)] * 4, base_tokens=256)) > sum(four)
+
+
+def test_until_a_cost_is_measured_every_slot_drafts_its_cap():
+    assert DraftPolicy(StepCosts()).choose([([0.1] * CAP, 4), ([1.0] * CAP, 2)]) == [4, 2]
+
+
+def test_measured_costs_interpolate_and_extrapolate():
+    costs = StepCosts(clock=lambda: 0.0)
+    costs.target.add(1, 0.01)
+    assert costs.target(4) == pytest.approx(0.04)  # one size seen: proportional
+    costs.target.add(5, 0.02)
+    assert costs.target(3) == pytest.approx(0.015) and costs.target(9) == pytest.approx(0.03)
+    costs.target.add(1, 0.02)  # a moving average
+    assert 0.01 < costs.target(1) < 0.02
+
+
+# --------------------------------------------------------------------------------------------
+# through Llama
+
+
+@pytest.fixture(scope="module")
+def full_path(models_dir):
+    return str(make_tiny_mtp_model(models_dir / "policy-full.gguf", seed=31, agreement=1.0))
+
+
+@pytest.fixture(scope="module")
+def reference(full_path):
+    with Llama(full_path, **KW) as plain:
+        return plain.create_completion(PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
+
+
+def _auto(full_path, costs):
+    llm = Llama(full_path, draft="mtp", draft_max="auto", **KW)
+    llm._engine.set_costs(costs)
+    return llm
+
+
+def test_an_injected_cost_model_where_drafting_never_pays_gives_plain_steps_only(full_path, reference):
+    with _auto(full_path, FixedCosts(**CPU)) as llm:
+        out = llm.create_completion(PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
+        t = llm.timings()
+        stats = llm.draft_stats
+    assert out == reference
+    assert t["draft_lengths"] == {0: 40} and t["plain_steps_share"] == 1.0 and t["draft_n"] == 0
+    assert stats.last.lengths == {0: 40} and stats.last.plain_steps_share == 1.0
+    assert stats.total.lengths == {0: 40} and llm.draft_lengths() == {0: 40}
+
+
+def test_an_injected_cost_model_where_drafting_always_pays_gives_the_cap(full_path, reference):
+    with _auto(full_path, FixedCosts(**GPU)) as llm:
+        out = llm.create_completion(PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
+        t = llm.timings()
+        stats = llm.draft_stats.last
+    assert out == reference
+    lengths = t["draft_lengths"]
+    assert stats.lengths == lengths and stats.plain_steps_share == t["plain_steps_share"]
+    # the head always agrees: every step drafts the cap, but those the request's end cuts short
+    assert lengths.get(CAP, 0) >= 4 and set(lengths) <= {CAP, 5, 4, 3, 2, 1, 0}, lengths
+    assert sum(k * v for k, v in lengths.items()) == t["draft_n"] == t["draft_n_accepted"]
+    assert t["plain_steps_share"] < 0.2
+
+
+class FakeClock:
+    """A clock that advances only when a decode runs, by what the decode would cost."""
+
+    def __init__(self, model):
+        self.now, self.model = 0.0, model
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("machine,drafts", [("cpu", False), ("gpu", True)])
+def test_with_measured_costs_the_choice_follows_them(full_path, reference, monkeypatch, machine, drafts):
+    model = CPU if machine == "cpu" else GPU
+    clock = FakeClock(model)
+    real = llama_cpp.llama_decode
+    llm = Llama(full_path, draft="mtp", draft_max="auto", **KW)
+    llm._engine.set_costs(StepCosts(clock=clock))
+    target = ctypes.cast(llm._ctx.ctx, ctypes.c_void_p).value
+
+    def timed(ctx, batch):
+        rc = real(ctx, batch)
+        n = batch.n_tokens
+        outputs = sum(1 for i in range(n) if batch.logits[i])
+        if ctypes.cast(ctx, ctypes.c_void_p).value == target:
+            clock.now += model["target"](n)
+        elif outputs:  # a draft decode (the head's rows asked for)
+            clock.now += model["draft"](n)
+        else:  # the draft context's catch-up
+            clock.now += model["catch_up"](n)
+        return rc
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", timed)
+    try:
+        for i in range(3):  # the costs are learnt over the requests
+            out = llm.create_completion(PROMPT + str(i), max_tokens=40, temperature=0.0)["choices"][0]["text"]
+            assert out  # a different prompt each time: its output is not the reference
+        last = llm.create_completion(PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
+        t = llm.timings()
+    finally:
+        llm.close()
+    assert last == reference
+    if drafts:
+        assert t["plain_steps_share"] < 0.2 and t["draft_n"] > 0, t
+    else:
+        assert t["plain_steps_share"] > 0.8, t  # only a depth tried again now and then drafts
