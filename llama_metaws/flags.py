@@ -101,8 +101,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: draft-mtp drafts with the model's own MTP layers")
     p.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="draft_max",
                    type=draft_max_value, default=3,
-                   help=f"tokens drafted per step at most (default 3); auto: chosen per step from "
-                        f"the recent acceptance at each depth, 0 to {AUTO_DRAFT_MAX}")
+                   help=f"tokens drafted per step at most (default 3); auto: chosen per step and slot, "
+                        f"0 to {AUTO_DRAFT_MAX}, for the most tokens per second from each depth's "
+                        f"recent acceptance and the step costs measured as it runs")
     p.add_argument("--draft-p-min", type=float, default=0.0)
     p.add_argument("--phase-aware-workspace", action="store_true",
                    help="share the target's and the draft's compute buffers (needs --spec-type draft-mtp)")

@@ -12,8 +12,9 @@ phase-aware workspace.
 New keyword arguments (llama.cpp's option names):
 
 - ``draft="mtp"`` drafts with the model's NextN layers (``None``, the default: no drafting);
-  ``draft_max`` (3) tokens per step at most (``"auto"``: a length chosen per step from the
-  last steps' acceptance, see :class:`~llama_metaws.engine.drafting.AdaptiveLength`),
+  ``draft_max`` (3) tokens per step at most (``"auto"``: a length chosen per step and slot
+  for the most tokens per second, from each depth's recent acceptance and the step costs
+  measured as the engine runs, see :mod:`llama_metaws.engine.policy`),
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
   the binding's ``draft_model`` (prompt lookup, ...) drafts on the engine too;
 - ``devices=["CPU", "CUDA0", ...]``: device names as llama.cpp prints them; the same CPU device
