@@ -176,3 +176,19 @@ def test_with_measured_costs_the_choice_follows_them(full_path, reference, monke
         assert t["plain_steps_share"] < 0.2 and t["draft_n"] > 0, t
     else:
         assert t["plain_steps_share"] > 0.8, t  # only a depth tried again now and then drafts
+
+
+def test_measured_costs_are_measured_again_now_and_then():
+    # drafting does not pay by the costs measured so far; every EXPLORE-th step still drafts what
+    # acceptance alone would, so that longer batches are timed again (a change of load is seen)
+    costs = StepCosts(clock=lambda: 0.0)
+    for n in range(1, 8):
+        costs.target.add(n, 0.01 * n)
+    policy = DraftPolicy(costs)
+    p = [0.9, 0.9, 0.2, 0.1, 0.1, 0.1]
+    chosen = [policy.choose([(p, CAP)])[0] for _ in range(2 * DraftPolicy.EXPLORE)]
+    assert chosen.count(2) == 2 and chosen.count(0) == len(chosen) - 2, chosen
+    assert chosen[DraftPolicy.EXPLORE - 1] == 2
+    # a cost model given as functions is not measured: never explored
+    fixed = DraftPolicy(FixedCosts(**CPU))
+    assert {fixed.choose([(p, CAP)])[0] for _ in range(2 * DraftPolicy.EXPLORE)} == {0}

@@ -27,6 +27,7 @@ import numpy as np
 from ..native.binding import llama_cpp, llama_ext
 from .batch import Batch
 from .limits import AUTO_DRAFT_MAX
+from .policy import acceptance_length
 
 __all__ = ["AdaptiveLength", "MTPHead", "top_probability", "P_MIN_TOP_K"]
 
@@ -62,10 +63,7 @@ class AdaptiveLength:
 
     @property
     def n(self) -> int:
-        n = 0
-        while n < self.CAP and self.p[n] >= self.KEEP:
-            n += 1
-        return n
+        return acceptance_length(self.p, self.CAP, self.KEEP)
 
     def drift(self) -> None:
         """A step starts: the estimates drift up, so a depth given up is tried again now and then."""

@@ -20,8 +20,11 @@ shared: drafting for one slot makes every slot's step longer.
   plain decode step (``k = 0``) where no draft pays.
 
 Depths given up are tried again now and then: every step each estimate drifts up a little
-(``AdaptiveLength.RETRY``), so a change of content, or of load, is noticed. A cost model can be
-injected (tests, and a clock: :class:`StepCosts` takes one).
+(``AdaptiveLength.RETRY``), so a change of content is noticed; and every
+:attr:`DraftPolicy.EXPLORE` steps with measured costs a step drafts what acceptance alone would
+(the leading depths whose estimate is at least one half), so the costs of longer batches are
+measured again and a change of load is noticed too. A cost model can be injected (tests, and a
+clock: :class:`StepCosts` takes one).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import bisect
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["StepCosts", "FixedCosts", "DraftPolicy", "expected_tokens"]
+__all__ = ["StepCosts", "FixedCosts", "DraftPolicy", "acceptance_length", "expected_tokens"]
 
 
 def expected_tokens(p: Sequence[float], k: int) -> float:
@@ -92,6 +95,9 @@ class StepCosts:
     def known(self) -> bool:
         return self.target.known
 
+    #: measured as the engine runs (worth measuring again now and then)
+    measured = True
+
     def step(self, n_target: int, depths: Sequence[int]) -> float:
         """A step's seconds: a target batch of ``n_target`` tokens, its catch-up, and draft decodes
         over ``depths[d]`` slots at depth ``d``."""
@@ -121,16 +127,31 @@ class FixedCosts(StepCosts):
         super().__init__()
         self.target, self.catch_up, self.draft = _Given(target), _Given(catch_up), _Given(draft)  # type: ignore[assignment]
 
+    measured = False
+
     @property
     def known(self) -> bool:
         return True
 
 
+def acceptance_length(p: Sequence[float], cap: int, keep: float = 0.5) -> int:
+    """The length acceptance alone would take: the leading depths whose estimate is at least
+    ``keep``, at most ``cap``."""
+    n = 0
+    while n < cap and p[n] >= keep:
+        n += 1
+    return n
+
+
 class DraftPolicy:
     """Chooses each step's draft lengths (see the module docstring) from ``costs``."""
 
+    #: every this many steps with measured costs, one explores (drafts what acceptance would)
+    EXPLORE = 50
+
     def __init__(self, costs: Optional[StepCosts] = None) -> None:
         self.costs = costs if costs is not None else StepCosts()
+        self.steps = 0
 
     def choose(self, slots: Sequence[Tuple[Sequence[float], int]], base_tokens: int = 0) -> List[int]:
         """Draft lengths for the slots of the next step: each is ``(p, cap)``, its per-depth
@@ -144,6 +165,9 @@ class DraftPolicy:
         caps = [max(0, min(cap, len(p))) for p, cap in slots]
         if not self.costs.known:
             return caps
+        self.steps += 1
+        if self.costs.measured and self.steps % self.EXPLORE == 0:
+            return [acceptance_length(p, cap) for (p, _), cap in zip(slots, caps)]
         yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
         k = [0] * len(slots)
 
