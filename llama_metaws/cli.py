@@ -83,6 +83,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           "(unsafe-shared is expected to die with GGML_ASSERT(tensor)):", flush=True)
     records = vram.run_configurations(model=str(model_path), devices=devices)
     print(vram.format_table(records))
+    _real_vocabulary_row()
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -90,6 +91,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     else:
         print(f"plot: {vram.plot(records, args.plot)}")
     return 0 if all(vram.as_expected(r) for r in records) else 1
+
+
+def _real_vocabulary_row() -> None:
+    """Held compute at a real vocabulary, ours beside llama.cpp's reservation with llama-server's limits."""
+    from .testing import make_mtp_model
+    from .tools.reservation import REAL_VOCAB_SHAPE, held_side_by_side
+
+    path = make_mtp_model(**REAL_VOCAB_SHAPE)  # cached after the first demo
+    side = held_side_by_side(str(path))
+    print(f"\nat a real vocabulary ({side.n_vocab:,} tokens; n_embd {REAL_VOCAB_SHAPE['n_embd']}, "
+          f"{REAL_VOCAB_SHAPE['n_layer']} layers, one CPU), -np 2 -ub 512 -c 4096 --spec-type draft-mtp "
+          "--spec-draft-n-max 3, compute held:", flush=True)
+    print("\n".join(side.lines()))
 
 
 def _cmd_vram(args: argparse.Namespace) -> int:

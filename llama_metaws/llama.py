@@ -46,6 +46,7 @@ from .native.binding import _internals, llama_cpp
 from .engine import checkpoints as _ckpt
 from .engine import rpc as _rpc
 from .guard import RequestGuard
+from .engine import contexts as _contexts
 from .engine.contexts import split_mode_value
 from .engine.gguf_meta import check_complete, read_keys
 from .engine.draft_model import AdaptiveLength, DraftStatsReport, MTPDraftModel
@@ -195,7 +196,7 @@ class Llama(llama_cpp.Llama):
 
         if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, int) or n_seq_max < 1:
             raise ValueError(f"n_seq_max must be an integer >= 1, got {n_seq_max!r}")
-        model_fields, context_fields = {}, {"n_seq_max": n_seq_max}
+        model_fields = {}
         self._device_list = None
         self._rpc = _rpc.connect(rpc_servers)  # ValueError for a bad or unreachable server
         local = None
@@ -220,11 +221,16 @@ class Llama(llama_cpp.Llama):
                     f"({arch}.nextn_predict_layers is missing or 0). Use draft=None, or an MTP model "
                     f"(qwen35, qwen3next, glm4-moe, deepseek2, ...)")
             model_fields["load_mtp"] = True
-            context_fields["n_rs_seq"] = draft_max  # recurrent targets roll back rejected drafts
             n_ubatch = kwargs.get("n_ubatch", 512)
             if draft_max + 1 > min(kwargs.get("n_batch", 512), n_ubatch):
                 raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} "
                                  "tokens must fit n_batch and n_ubatch")
+
+        self._draft_max = draft_max if draft == "mtp" else 0  # the longest draft ("auto": its cap)
+        # n_seq_max, rollback snapshots and llama-server's output rows (engine.contexts)
+        context_fields, self._draft_fields = _contexts.context_fields(
+            n_seq_max=n_seq_max, draft_max=self._draft_max,
+            n_batch=kwargs.get("n_batch", 512), logits_all=bool(kwargs.get("logits_all", False)))
 
         draft_model = kwargs.pop("draft_model", None)  # the binding's own (prompt lookup, ...)
         if draft == "mtp":
@@ -270,9 +276,7 @@ class Llama(llama_cpp.Llama):
     def _setup_mtp(self, draft_max, p_min, phase_aware, mode, allow_unsafe) -> None:
         # the draft context is the target's, as llama.cpp derives it: the same KV types, flash
         # attention, offload, threads and sizes; an MTP context with no rollback snapshots
-        tp = self.context_params
-        cp = type(tp).from_buffer_copy(tp)
-        set_fields(cp, dict(ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0))
+        cp = _contexts.draft_context_params(self.context_params, self._draft_fields)
         self._draft_ctx = self._stack.enter_context(contextlib.closing(
             _internals.LlamaContext(model=self._model, params=cp, verbose=self.verbose)))
         drafter = MTPDrafter(self._ctx, self._draft_ctx, draft_max=draft_max, p_min=p_min)

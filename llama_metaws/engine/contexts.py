@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, Tuple, Union
 
 from ..native.binding import _internals, llama_cpp, set_verbose
 from .devices import DeviceList
+from .limits import output_limits
 from .rpc import local_devices
 from ..native.params import set_fields
 
@@ -76,6 +77,39 @@ def load_model(
     model.device_list = device_list
     model.tensor_split_array = ts_array
     return model
+
+
+def context_fields(*, n_seq_max: int, draft_max: int, n_batch: int, logits_all: bool = False,
+                   n_outputs_max: Optional[int] = None) -> Tuple[dict, dict]:
+    """Our ``llama_context_params`` fields for a target context and for its MTP draft context.
+
+    The one derivation that :class:`~llama_metaws.Llama`, the planner and (through ``Llama``)
+    the vram harness share, so that what is planned is what is loaded. ``draft_max``: the
+    longest draft (0: no drafting). The target holds ``n_seq_max`` sequences, rollback snapshots
+    for a rejected draft (``n_rs_seq = draft_max``: a recurrent target rolls back rejected
+    drafts), and llama-server's output rows (:func:`~llama_metaws.engine.limits.output_limits`);
+    the draft context is an MTP context without rollback snapshots and one output row per
+    sequence. The draft's fields are applied to a copy of the target's params
+    (:func:`draft_context_params`): it takes the target's KV types, flash attention, offload,
+    threads and sizes, as llama.cpp's draft-mtp does. ``n_outputs_max`` overrides both contexts'
+    rows (the planner's ``--n-outputs-max``; 0: every row of a batch, llama.cpp's default).
+    """
+    limits = output_limits(n_seq_max, draft_max, n_batch, logits_all=logits_all)
+    target = dict(n_seq_max=n_seq_max, n_rs_seq=draft_max, **limits.target.fields())
+    draft = dict(ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0, **limits.draft.fields())
+    if n_outputs_max is not None:
+        for fields in (target, draft):
+            fields.update(n_outputs_max=n_outputs_max, n_outputs_max_per_seq=min(
+                fields["n_outputs_max_per_seq"], n_outputs_max) if n_outputs_max else 0)
+    return target, draft
+
+
+def draft_context_params(target_params, draft_fields: dict):
+    """A copy of the target's ``llama_context_params`` with the draft's fields
+    (:func:`context_fields`) set on it."""
+    cp = type(target_params).from_buffer_copy(target_params)
+    set_fields(cp, draft_fields)
+    return cp
 
 
 def new_context(

@@ -147,7 +147,8 @@ def plan(model: Optional[Union[str, os.PathLike]] = None, *, hf_config=None, dev
          split_mode: str = "layer", tensor_split: Optional[Sequence[float]] = None, n_ctx: int = 4096,
          n_batch: int = 2048, n_ubatch: int = 512, n_seq_max: int = 1, mtp: bool = True, draft_max: int = 3,
          flash_attn: str = "auto", no_kv_offload: bool = False, cache_type_k: str = "f16",
-         cache_type_v: str = "f16", weight_type: str = "q4_k", verbose: bool = False) -> Plan:
+         cache_type_v: str = "f16", weight_type: str = "q4_k", n_outputs_max: Optional[int] = None,
+         verbose: bool = False) -> Plan:
     """Plan the memory of ``model`` (a GGUF: only its header is read) or of ``hf_config``.
 
     ``devices``: a count (that many CPU stand-ins, named ``CPU0``, ``CPU1``, ...) or names
@@ -155,7 +156,10 @@ def plan(model: Optional[Union[str, os.PathLike]] = None, *, hf_config=None, dev
     otherwise CPU stand-ins carry the names. The contexts are made as
     :class:`llama_metaws.Llama` makes them: the target with ``n_rs_seq = draft_max`` when
     drafting (a recurrent target rolls back rejected drafts), flash attention forced on under
-    tensor split; the MTP draft with llama.cpp's default context parameters otherwise.
+    tensor split; the MTP draft with llama.cpp's default context parameters otherwise; both
+    with llama-server's output rows (:func:`llama_metaws.engine.limits.output_limits`: the target
+    ``n_seq_max x (1 + draft_max)``, the draft ``n_seq_max``), which ``n_outputs_max`` overrides for
+    both (llama.cpp's field; 0: every row of a batch, llama.cpp's default).
     ``mtp=False`` plans the target alone (every mode then holds the target's compute).
     """
     import llama_metaws  # noqa: F401  (the patched build first)
@@ -170,6 +174,9 @@ def plan(model: Optional[Union[str, os.PathLike]] = None, *, hf_config=None, dev
                         ("n_seq_max (-np)", n_seq_max), ("draft_max", draft_max)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"plan: {name} must be an integer >= 1, got {value!r}")
+    if n_outputs_max is not None and (isinstance(n_outputs_max, bool) or not isinstance(n_outputs_max, int)
+                                      or n_outputs_max < 0):
+        raise PlanError(f"plan: n_outputs_max (--n-outputs-max) must be an integer >= 0, got {n_outputs_max!r}")
     if flash_attn not in ("auto", "on", "off"):
         raise PlanError(f"plan: flash_attn (-fa) {flash_attn!r} is not one of auto, on, off")
     type_k, type_v = _cache_type(cache_type_k, "-ctk"), _cache_type(cache_type_v, "-ctv")
@@ -205,7 +212,7 @@ def plan(model: Optional[Union[str, os.PathLike]] = None, *, hf_config=None, dev
 
         set_verbose(verbose)
         result = _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatch, n_seq_max,
-                            mtp, draft_max, flash_attn, no_kv_offload, type_k, type_v, verbose, notes)
+                            mtp, draft_max, flash_attn, no_kv_offload, type_k, type_v, n_outputs_max, verbose, notes)
     if stand_in:
         notes.append("devices: CPU stand-ins (the CPU device listed once per device): the graph is the CPU "
                      "backend's; a CUDA build may place or fuse ops differently, and CUDA graphs, cuBLAS "
@@ -219,10 +226,11 @@ def plan(model: Optional[Union[str, os.PathLike]] = None, *, hf_config=None, dev
 
 
 def _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatch, n_seq_max, mtp, draft_max,
-               flash_attn, no_kv_offload, type_k, type_v, verbose, notes) -> Plan:
+               flash_attn, no_kv_offload, type_k, type_v, n_outputs_max, verbose, notes) -> Plan:
     import ctypes
 
     from ..native.binding import llama_cpp
+    from ..engine.contexts import context_fields, draft_context_params
     from ..engine.devices import DeviceList
 
     mp = llama_cpp.llama_model_default_params()
@@ -248,19 +256,20 @@ def _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatc
             raise PlanError(f"plan: --spec-type draft-mtp needs NextN (MTP) layers; {path} has none")
         n_b = min(n_batch, n_ctx)
 
+        # as Llama derives them (engine.contexts.context_fields): n_seq_max, rollback snapshots,
+        # llama-server's output rows; the draft from a copy of the target's params
+        ours, draft_fields = context_fields(n_seq_max=n_seq_max, draft_max=draft_max if mtp else 0, n_batch=n_b,
+                                            n_outputs_max=n_outputs_max)
+
         def target_params(ctx_size: int):
             cp = llama_cpp.llama_context_default_params()
-            set_fields(cp, dict(n_ctx=ctx_size, n_batch=n_b, n_ubatch=min(n_ubatch, n_b), n_seq_max=n_seq_max,
+            set_fields(cp, dict(ours, n_ctx=ctx_size, n_batch=n_b, n_ubatch=min(n_ubatch, n_b),
                                 type_k=type_k, type_v=type_v, offload_kqv=not no_kv_offload,
-                                n_rs_seq=draft_max if mtp else 0,
                                 flash_attn_type=llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if tensor else fa))
             return cp
 
         def draft_params(target_cp):
-            # as Llama derives it: the target's params, an MTP context without rollback snapshots
-            cp = type(target_cp).from_buffer_copy(target_cp)
-            set_fields(cp, dict(ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, n_rs_seq=0))
-            return cp
+            return draft_context_params(target_cp, draft_fields)
 
         def make(cp):
             ctx = llama_cpp.llama_init_from_model(model, cp)
@@ -350,7 +359,8 @@ def _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatc
                                             n_ctx=real_ctx, mtp=bool(mtp)),
                 params=dict(split_mode=split, tensor_split=list(tensor_split) if tensor_split else None,
                             n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
-                            draft_max=draft_max, flash_attn=flash_attn, no_kv_offload=no_kv_offload),
+                            draft_max=draft_max, flash_attn=flash_attn, no_kv_offload=no_kv_offload,
+                            n_outputs_max=ours["n_outputs_max"], draft_n_outputs_max=draft_fields["n_outputs_max"] if mtp else None),
                 buffer_types=buffer_types, notes=notes)
 
 
@@ -408,6 +418,10 @@ def add_arguments(p):
                    help="draft-mtp (default): plan the MTP draft context too")
     p.add_argument("--draft-max", type=draft_max_value, default=3,
                    help=f"recurrent rollback rows of the target (n_rs_seq); auto: {AUTO_DRAFT_MAX}")
+    p.add_argument("--n-outputs-max", type=int, default=None, metavar="N",
+                   help="output rows each context reserves (llama.cpp's n_outputs_max; 0: every row of a batch, "
+                   "llama.cpp's default); default llama-server's: the target -np x (1 + --draft-max) (-np "
+                   "without drafting), the MTP draft -np")
     p.add_argument("-fa", "--flash-attn", default="auto", choices=["auto", "on", "off"],
                    help="the target's flash attention (forced on under tensor split)")
     p.add_argument("-nkvo", "--no-kv-offload", action="store_true", help="KV cache in host memory")
@@ -431,7 +445,7 @@ def run_from_args(args) -> int:
                  n_ubatch=args.ubatch_size, n_seq_max=args.parallel, mtp=args.spec_type == "draft-mtp",
                  draft_max=AUTO_DRAFT_MAX if args.draft_max == "auto" else args.draft_max, flash_attn=args.flash_attn, no_kv_offload=args.no_kv_offload,
                  cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
-                 weight_type=args.weight_type, verbose=args.verbose)
+                 weight_type=args.weight_type, n_outputs_max=args.n_outputs_max, verbose=args.verbose)
     except ValueError as e:
         print(f"llama-metaws plan: {e}", file=sys.stderr)
         return 2
