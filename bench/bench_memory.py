@@ -244,8 +244,8 @@ def run_serve(model: Path, n: int, a: argparse.Namespace, logdir: Path) -> dict:
         vals = [v for k, v in m.items() if k.startswith(f"llamametaws:workspace_{key}{{")]
         return int(sum(vals)) if vals else None
 
-    return dict(load=held(before, "bytes"), after=held(after, "bytes"), target=held(after, "owner_need_bytes"),
-                draft=held(after, "borrower_need_bytes"), text=r["text"], peak_rss=srv.peak_rss)
+    return dict(load=held(before, "bytes"), after=held(after, "bytes"), target=held(before, "owner_need_bytes"),
+                draft=held(before, "borrower_need_bytes"), text=r["text"], peak_rss=srv.peak_rss)
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,10 +355,18 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
     lines += ["", "Held compute with the workspace, ours / llama-server's target + draft, at load, at the "
               "first request's peak and after it: "
               + "; ".join(f"N={n}: {x:.2f}, {y:.2f}, {z:.2f}" for n, (x, y, z) in ws.items())
-              + ". Issue 25's goal, about 0.55 at N=2 once the contexts get llama-server's `n_outputs_max` "
-              "(the larger of target and draft against their sum), is for the load and peak figures: "
+              + ". Issue 25 expects about 0.55 at N=2 once the contexts get llama-server's `n_outputs_max` "
+              "(the larger of target and draft against their sum): that is the load and peak figures; "
               "after a request the workspace holds the decode phase's need only."]
     lines.append("")
+    if any(len(c["llama-server"]["load"]["draft"].get("reserved", [])) > 1 for c in m["rows"].values()):
+        lines += ["llama-server's draft context reserves twice at load: once when it is made, and again "
+                  "after `common_speculative` has set its backend sampler (`backend_sampling=1` in its log; "
+                  "`llama_set_sampler` asks for a new reservation) and masked NextN rows on it (patch 0017's "
+                  "smaller MTP graph); it holds the second, smaller one. The plugin's private draft context "
+                  "keeps its first reservation, made before the rows were masked "
+                  "(`llama_set_embeddings_nextn` asks for none); with the workspace, attaching it reserves "
+                  "again, masked, and its need is llama-server's.", ""]
     for n, cells in m["rows"].items():
         for k in ("target", "draft"):
             lg = cells["llama-server"]["load"][k]
