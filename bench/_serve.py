@@ -44,6 +44,11 @@ def _vm_field(pid: int, field: str) -> int:
     return 0
 
 
+def peak_rss_now(pid: int) -> int:
+    """A live process's peak RSS so far (VmHWM), in bytes; 0 when it is gone."""
+    return _vm_field(pid, "VmHWM")
+
+
 class ServerError(RuntimeError):
     """A server did not start, or died; the message carries the tail of its log."""
 

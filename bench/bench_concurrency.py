@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import signal
 import statistics
@@ -46,7 +47,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -175,7 +176,9 @@ def run_cell(port: int, name: str, n: int, texts: List[str], a: argparse.Namespa
 # the run
 
 
-def measure(a: argparse.Namespace) -> dict:
+def measure(a: argparse.Namespace, keep: Optional[Callable[[dict], None]] = None) -> dict:
+    """Every cell of every round; ``keep`` gets the measurements so far after each cell (--json
+    writes them: a run stopped part-way keeps its cells for --render)."""
     from llama_metaws.native import tools_build
     from llama_metaws.testing import make_mtp_model
 
@@ -187,9 +190,17 @@ def measure(a: argparse.Namespace) -> dict:
     model = make_mtp_model(agreement=AGREEMENT, dtype=a.dtype)
     texts = prompts(a.prompts, a.prompt_tokens)
     logdir = Path(tempfile.mkdtemp(prefix="bench_concurrency-"))
-    print(f"model {model.name}; server logs in {logdir}", flush=True)
+    print(f"bench pid {os.getpid()}; model {model.name}; server logs in {logdir}", flush=True)
     servers: Dict[str, _serve.Server] = {}
     cells: Dict[str, Dict[int, List[dict]]] = {name: {n: [] for n in a.ns} for name in a.servers}
+
+    def so_far(rounds_done: int, partial: bool) -> dict:
+        # peak RSS: VmHWM of a live server, wait4's once it is stopped
+        rss = {name: max(srv.peak_rss, _serve.peak_rss_now(srv.pid) if srv.alive() else 0)
+               for name, srv in servers.items()}
+        return dict(model=model.name, cells=cells, rss=rss, prompts=len(texts), rounds_done=rounds_done,
+                    partial=partial)
+
     try:
         for name in a.servers:
             port = _serve.free_port()
@@ -213,11 +224,12 @@ def measure(a: argparse.Namespace) -> dict:
                     print(f"  [{rnd + 1}/{a.rounds}] N={n} {name:<26} {c['agg_tps']:6.2f} t/s aggregate, "
                           f"{c['req_tps']:6.2f} per request, ttft {c['ttft_ms']:7.0f} ms{acc} "
                           f"({c['wall']:.0f} s)", flush=True)
+                    if keep is not None:
+                        keep(so_far(min(len(v) for by_n in cells.values() for v in by_n.values()), partial=True))
     finally:
         for srv in servers.values():
             srv.stop()
-    rss = {name: srv.peak_rss for name, srv in servers.items()}
-    return dict(model=model.name, cells=cells, rss=rss, prompts=len(texts))
+    return so_far(a.rounds, partial=False)
 
 
 def _med(xs: List[float]) -> float:
@@ -271,7 +283,7 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         f"`--spec-type draft-mtp --spec-draft-n-max {DRAFT_MAX}` (ours with `--phase-aware-workspace`). "
         f"Each cell: {m['prompts']} distinct prompts of about {a.prompt_tokens} tokens, {a.tokens} tokens "
         f"each, greedy, streamed `POST /v1/completions` from N client threads; {a.rounds} round(s), N "
-        "outermost, the servers' order rotated each round (medians over rounds). llama-server gets "
+        "outermost, the servers' order rotated each round (medians over the rounds run). llama-server gets "
         "`\"cache_prompt\": false`. Aggregate t/s: every request's tokens over the cell's wall time; per "
         "request: the server's `predicted_per_second` (median); time to first token: the client's "
         "(queueing included, median); acceptance: `draft_n_accepted / draft_n` from the replies' "
@@ -404,13 +416,20 @@ def main() -> None:
     # a SIGTERM to the bench ends it like ^C does: the servers it started are stopped by PID
     signal.signal(signal.SIGTERM, _interrupted)
     t0 = time.monotonic()
-    m = measure(a)
-    label = a.label or ("Quick run" if a.quick else "Full run")
-    label += f" ({time.monotonic() - t0:.0f} s)"
-    if a.json:
-        options = {k: v for k, v in vars(a).items() if k not in ("json", "render", "no_write")}
-        Path(a.json).write_text(json.dumps(dict(label=label, options=options, measurements=m), indent=1))
-    _publish(m, a, label)
+    base = a.label or ("Quick run" if a.quick else "Full run")
+    options = {k: v for k, v in vars(a).items() if k not in ("json", "render", "no_write")}
+
+    def keep(m: dict) -> None:
+        if a.json:
+            label = base + (f" (stopped part-way: {m['rounds_done']} of {a.rounds} round(s) complete, "
+                            f"{time.monotonic() - t0:.0f} s)" if m.get("partial") else f" ({time.monotonic() - t0:.0f} s)")
+            tmp = Path(a.json + ".tmp")
+            tmp.write_text(json.dumps(dict(label=label, options=options, measurements=m), indent=1))
+            os.replace(tmp, a.json)
+
+    m = measure(a, keep)
+    keep(m)
+    _publish(m, a, base + f" ({time.monotonic() - t0:.0f} s)")
 
 
 def _publish(m: dict, a: argparse.Namespace, label: str) -> None:
