@@ -204,8 +204,9 @@ def make_parser() -> argparse.ArgumentParser:
                        "set of inputs returns at once.")
     b.add_argument("--force", action="store_true", help="rebuild even when the build is cached")
     b.add_argument("--tools", action="store_true",
-                   help="also build llama.cpp's llama-speculative-simple and llama-bench from the "
-                   "same patched tree (cached under a key of their own; paths in the manifest)")
+                   help="also build llama.cpp's llama-speculative-simple, llama-bench, llama-server "
+                   "and llama-batched-bench from the same patched tree (cached under a key of their "
+                   "own; paths in the manifest)")
     b.set_defaults(func=_cmd_build)
 
     d = sub.add_parser("devices", help="list ggml's devices")

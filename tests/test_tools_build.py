@@ -5,6 +5,7 @@ import dataclasses
 import subprocess
 import sys
 
+import pytest
 
 from llama_metaws.native import build
 from llama_metaws.native import tools_build
@@ -19,9 +20,29 @@ def test_the_tools_key_is_not_the_library_key_and_follows_its_inputs():
     assert tools_build.tools_dir_for(inputs).parent == build.cache_root() / "tools"
 
 
-def test_only_the_two_tools_are_built_with_the_common_library():
-    assert tools_build.TOOL_TARGETS == ("llama-speculative-simple", "llama-bench")
-    assert "-DLLAMA_BUILD_COMMON=ON" in tools_build.TOOLS_CMAKE_ARGS
+def test_the_tools_and_the_server_are_built_with_the_common_library():
+    assert tools_build.TOOL_TARGETS == ("llama-speculative-simple", "llama-bench", "llama-server",
+                                        "llama-batched-bench")
+    args = tools_build.TOOLS_CMAKE_ARGS
+    assert "-DLLAMA_BUILD_COMMON=ON" in args
+    # the server's CMake: its subdirectory, and its web UI neither downloaded nor built (offline)
+    assert "-DLLAMA_BUILD_SERVER=ON" in args
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in args and "-DLLAMA_BUILD_UI=OFF" in args
+    # a later -D wins: the base arguments turn the server off, the tools' turn it on after them
+    cmd = [*build.BASE_CMAKE_ARGS, *args]
+    assert max(i for i, x in enumerate(cmd) if x.startswith("-DLLAMA_BUILD_SERVER=")) == \
+        cmd.index("-DLLAMA_BUILD_SERVER=ON")
+
+
+def test_the_tools_key_follows_the_targets_and_their_cmake_arguments(monkeypatch):
+    inputs = build.BuildInputs.collect()
+    key = tools_build.tools_key(inputs)
+    monkeypatch.setattr(tools_build, "TOOL_TARGETS", tools_build.TOOL_TARGETS[:2])
+    assert tools_build.tools_key(inputs) != key  # a build without the server is another build
+    monkeypatch.undo()
+    monkeypatch.setattr(tools_build, "TOOLS_CMAKE_ARGS",
+                        tuple(a for a in tools_build.TOOLS_CMAKE_ARGS if "PREBUILT_UI" not in a))
+    assert tools_build.tools_key(inputs) != key
 
 
 def test_find_tools_is_none_without_a_tools_build(tmp_path, monkeypatch):
@@ -30,10 +51,13 @@ def test_find_tools_is_none_without_a_tools_build(tmp_path, monkeypatch):
     d = tools_build.tools_dir_for(build.BuildInputs.collect())
     (d / "bin").mkdir(parents=True)
     (d / "tools.json").write_text("{}")
-    (d / "bin" / "llama-bench").write_text("")
+    for name in tools_build.TOOL_TARGETS[:-1]:
+        (d / "bin" / name).write_text("")
     assert tools_build.find_tools() is None  # one target missing: not a tools build
-    (d / "bin" / "llama-speculative-simple").write_text("")
-    assert set(tools_build.find_tools()) == set(tools_build.TOOL_TARGETS)
+    (d / "bin" / tools_build.TOOL_TARGETS[-1]).write_text("")
+    found = tools_build.find_tools()
+    assert found == {name: d / "bin" / name for name in tools_build.TOOL_TARGETS}
+    assert {"llama-server", "llama-batched-bench"} <= set(found)
 
 
 def test_build_tools_returns_a_cached_build_at_once(tmp_path, monkeypatch):
@@ -54,4 +78,22 @@ def test_the_cli_build_has_a_tools_flag():
     res = subprocess.run([sys.executable, "-m", "llama_metaws", "build", "--help"],
                          capture_output=True, text=True)
     assert res.returncode == 0
-    assert "--tools" in res.stdout and "llama-speculative-simple" in res.stdout
+    assert "--tools" in res.stdout
+    for name in tools_build.TOOL_TARGETS:
+        assert name in res.stdout
+
+
+def test_the_built_server_takes_the_flags_the_benchmarks_pass():
+    """Where ``build --tools`` has run: llama-server and llama-batched-bench start, and llama-server
+    knows the flags bench_memory.py and bench_concurrency.py give it."""
+    found = tools_build.find_tools()
+    if found is None:
+        pytest.skip("no tools build for these inputs (llama-metaws build --tools)")
+    res = subprocess.run([str(found["llama-server"]), "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for flag in ("--spec-type", "--spec-draft-n-max", "-np", "-lv", "--metrics", "-fa", "-ub"):
+        assert flag in res.stdout, flag
+    assert "draft-mtp" in res.stdout
+    res = subprocess.run([str(found["llama-batched-bench"]), "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "-npl" in res.stdout

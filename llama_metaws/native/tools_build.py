@@ -1,12 +1,17 @@
 """llama.cpp's own tools from the same patched tree: ``llama-metaws build --tools``.
 
-``llama-speculative-simple`` and ``llama-bench`` (only those targets) are built with
-``LLAMA_BUILD_COMMON=ON`` through the library build's steps (:func:`build.prepare_source`, the
+``llama-speculative-simple``, ``llama-bench``, ``llama-server`` and ``llama-batched-bench`` (only
+those targets) are built with ``LLAMA_BUILD_COMMON=ON`` through the library build's steps (:func:`build.prepare_source`, the
 same work-directory layout, so with ccache the objects the two builds share are cache hits) into
 ``<cache>/tools/<tools key>/bin``: the executables and the shared libraries they load through their
 ``$ORIGIN`` rpath. The tools key is the library's inputs plus the targets and their CMake
 arguments. :func:`find_tools` returns their paths; the run-time manifest lists them under
 ``tools``.
+
+``llama-server`` (``LLAMA_BUILD_SERVER=ON``, which also brings in mtmd and cpp-httplib) embeds its web
+UI's assets at build time; ``LLAMA_USE_PREBUILT_UI=OFF`` and ``LLAMA_BUILD_UI=OFF`` keep that step
+from downloading them (from a Hugging Face bucket) or running npm, so the build works offline: the
+server is built with an empty UI table (its HTTP API is all the benchmarks use).
 """
 
 from __future__ import annotations
@@ -40,16 +45,20 @@ from .build import (
 
 
 #: The executables ``build --tools`` makes (only these targets are built).
-TOOL_TARGETS = ("llama-speculative-simple", "llama-bench")
+TOOL_TARGETS = ("llama-speculative-simple", "llama-bench", "llama-server", "llama-batched-bench")
 #: Bump when the tools' steps change in a way that changes what they produce.
 TOOLS_RECIPE_VERSION = 1
 # After BASE_CMAKE_ARGS (a later -D wins): the common library, the tools and examples that hold
-# the two targets, and an rpath of $ORIGIN in the build tree (executables and shared libraries
-# both land in bin/, which is kept as it is).
+# the targets, the server (its web UI neither downloaded nor built: offline, an empty asset table),
+# and an rpath of $ORIGIN in the build tree (executables and shared libraries, the server's and
+# batched-bench's own -impl libraries among them, all land in bin/, which is kept as it is).
 TOOLS_CMAKE_ARGS = (
     "-DLLAMA_BUILD_COMMON=ON",
     "-DLLAMA_BUILD_TOOLS=ON",
     "-DLLAMA_BUILD_EXAMPLES=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
 )
 
