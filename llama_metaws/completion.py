@@ -149,7 +149,8 @@ def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[i
                               logits_processor=processors or None)
     want_rows = logprobs is not None
     req = Request(tokens, sampling, max_tokens=max_tokens, stopping_criteria=stopping_criteria,
-                  logits_rows=want_rows, prompt_rows=want_rows and echo, stop=stops, slot=llm._slot_wanted())
+                  logits_rows=want_rows, prompt_rows=want_rows and echo, stop=stops, slot=llm._slot_wanted(),
+                  cache_prompt=llm._cache_prompt_wanted())
     llm._began(req)
     engine.submit(req)
     rows: List[np.ndarray] = []

@@ -346,20 +346,24 @@ class Llama(llama_cpp.Llama):
             return seed
 
     @contextlib.contextmanager
-    def on_slot(self, slot: Optional[int]):
+    def on_slot(self, slot: Optional[int], cache_prompt: bool = True):
         """The completions this thread makes in the block run on engine slot ``slot`` (llama-server's
-        ``id_slot``; waiting for it while it is busy); None: any."""
+        ``id_slot``; waiting for it while it is busy; None: any) and, with ``cache_prompt=False``
+        (llama-server's), evaluate their whole prompt instead of reusing what the slot holds."""
         if slot is not None and not 0 <= slot < len(self._engine.slots):
             raise ValueError(f"slot {slot}: this model has slots 0 to {len(self._engine.slots) - 1}")
-        before = getattr(self._local, "slot", None)
-        self._local.slot = slot
+        before = getattr(self._local, "slot", None), getattr(self._local, "cache_prompt", True)
+        self._local.slot, self._local.cache_prompt = slot, bool(cache_prompt)
         try:
             yield
         finally:
-            self._local.slot = before
+            self._local.slot, self._local.cache_prompt = before
 
     def _slot_wanted(self) -> Optional[int]:
         return getattr(self._local, "slot", None)
+
+    def _cache_prompt_wanted(self) -> bool:
+        return getattr(self._local, "cache_prompt", True)
 
     def _began(self, request: Request) -> None:
         self._local.request = request

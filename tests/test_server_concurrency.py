@@ -6,6 +6,7 @@ One server: the seed's configuration (MTP drafting, tensor split over CPU,CPU, t
 with four slots, killed by its PID when the module ends.
 """
 
+import json
 import threading
 
 import openai
@@ -117,3 +118,25 @@ def test_a_malformed_request_in_the_middle_of_it_all(server, solo):
     assert got[:3] == solo[:3]
     assert got[3] == 400 and got[4] == 400
     assert server.alive() and _text(client, PROMPTS[3], MAX_TOKENS[3]) == solo[3]
+
+
+def test_cache_prompt_false_evaluates_the_whole_prompt(server, solo):
+    # llama-server's cache_prompt, on its /completion and on the OpenAI routes (the official
+    # client's extra_body): a slot that holds the prompt reuses it unless told not to
+    prompt, n = PROMPTS[2], MAX_TOKENS[2]
+    body = {"prompt": prompt, "n_predict": n, "temperature": 0, "id_slot": 1}
+    first = server.json("POST", "/completion", body)[1]
+    again = server.json("POST", "/completion", body)[1]
+    fresh = server.json("POST", "/completion", dict(body, cache_prompt=False))[1]
+    assert first["content"] == again["content"] == fresh["content"] == solo[2]
+    assert again["timings"]["cache_n"] > 0 and again["timings"]["prompt_n"] < first["timings"]["prompt_n"]
+    assert fresh["timings"]["cache_n"] == 0 and fresh["timings"]["prompt_n"] == first["timings"]["prompt_n"]
+    client = server.client()
+    for cache, cached in ((True, True), (False, False)):
+        r = client.completions.create(model="tiny", prompt=prompt, max_tokens=n, temperature=0,
+                                      extra_body={"cache_prompt": cache})
+        assert r.choices[0].text == solo[2]
+        assert (r.usage.prompt_tokens_details.cached_tokens > 0) is cached
+    status, _h, _b = server.request("POST", "/v1/completions",
+                                    json.dumps({"prompt": "x", "cache_prompt": "no"}).encode())
+    assert status == 400

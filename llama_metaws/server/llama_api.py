@@ -3,7 +3,7 @@
 ``POST /completion`` (also ``/completions``, as llama-server routes it): its request fields and
 its answer shape, streamed (``data: {...}`` events, the last one with ``"stop": true`` and the
 timings, no ``[DONE]``) or not; ``POST /tokenize``, ``/detokenize``, ``/apply-template``;
-``GET /props``; ``GET /slots`` (one slot: one request runs at a time here). Errors in
+``GET /props``; ``GET /slots`` (one entry per engine slot, ``-np``). Errors in
 llama-server's shape (:mod:`.errors`).
 
 Request fields of ``/completion``: ``prompt`` (a string, token ids, or both mixed; one prompt
@@ -13,7 +13,8 @@ tokenized, nothing is generated), ``temperature``, ``top_k``, ``top_p``, ``min_p
 ``mirostat_tau``, ``mirostat_eta``, ``seed``, ``stop``, ``stream``, ``grammar``, ``json_schema``,
 ``logit_bias`` (its array and object forms, ids or strings, ``false`` for never),
 ``ignore_eos``, ``min_tokens``, ``n_probs`` (the binding's logprobs: needs a model loaded with
-``logits_all``), ``id_slot`` (-1 or 0), ``return_tokens``, ``return_progress`` (one
+``logits_all``), ``id_slot`` (-1: any slot; else the slot to run on), ``cache_prompt``
+(true, the default: reuse the prefix of the prompt the slot holds), ``return_tokens``, ``return_progress`` (one
 ``prompt_progress`` event once the prompt is done), ``timings_per_token``, ``response_fields``.
 Accepted and without effect here: :data:`IGNORED`. Refused unless at their "off" value:
 :data:`OFF_ONLY`. Any other field is ignored, as llama-server ignores fields it does not know.
@@ -24,14 +25,14 @@ from __future__ import annotations
 from typing import List, Optional
 
 from .errors import LLAMA, RequestError
-from .requests import ModelAccess, Plan
+from .requests import ModelAccess, Plan, cache_prompt
 
-#: llama-server's fields that change nothing here: the prompt cache is always used, the sampler
-#: chain is the binding's own order, the others shape what this server does not do
-IGNORED = ("cache_prompt", "samplers", "n_keep", "n_cache_reuse", "min_keep", "dynatemp_exponent",
+#: llama-server's fields that change nothing here: the sampler chain is the binding's own order,
+#: the others shape what this server does not do
+IGNORED = ("samplers", "n_keep", "n_cache_reuse", "min_keep", "dynatemp_exponent",
            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
            "repeat_last_n", "post_sampling_probs", "sse_ping_interval", "top_n_sigma", "message_delimiters",
-           "model", "id_slot")
+           "model")
 
 #: fields whose every other value is refused (a 400 naming it): what they turn on is not here
 OFF_ONLY = {"dynatemp_range": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_indent": 0,
@@ -175,7 +176,7 @@ def completion(body: dict, model: ModelAccess):
     if not isinstance(stream, bool):
         raise _bad("stream", "true or false is expected")
     plan = Plan(kind="completion", kwargs=kwargs, stream=stream, prompt_param="prompt",
-                id_slot=slot if slot is not None and slot >= 0 else None)
+                id_slot=slot if slot is not None and slot >= 0 else None, cache_prompt=cache_prompt(body))
     ids = prompt_tokens(model, _one_prompt(body["prompt"]), "prompt", True, True, {})
     if not ids:
         raise RequestError(400, "the prompt is empty: send a non-empty 'prompt'", param="prompt", code="invalid_value")

@@ -34,6 +34,10 @@ _NOT_KWARGS = {"model", "n", "best_of", "user", "logit_bias", "logit_bias_type",
 OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata", "reasoning_effort",
                    "service_tier"}
 
+#: llama-server's own fields its OpenAI routes take too: ``cache_prompt`` (true, the default:
+#: reuse the prefix of the prompt a slot holds; false: evaluate the whole prompt)
+LLAMA_SERVER_ACCEPTED = {"cache_prompt"}
+
 TokenKey = Tuple[bytes, bool, bool]  # what the binding passes to Llama.tokenize: text, add_bos, special
 
 
@@ -174,6 +178,7 @@ class Plan:
     n_prompt: Optional[int] = None  # the prompt's tokens, when known before the run
     info: dict = dataclasses.field(default_factory=dict)  # what GET /slots shows as the request's params
     id_slot: Optional[int] = None  # llama-server's id_slot: the engine slot to run on (None: any)
+    cache_prompt: bool = True      # llama-server's cache_prompt: reuse what the slot holds of the prompt
 
     def call_kwargs(self, llm) -> dict:
         """The keyword arguments, completed with what needs the loaded model. A logit bias goes
@@ -195,7 +200,7 @@ class Plan:
         """``create_completion`` or ``create_chat_completion`` with these arguments (on the slot
         asked for, if any)."""
         call: Callable = llm.create_completion if self.kind == "completion" else llm.create_chat_completion
-        with llm.on_slot(self.id_slot):
+        with llm.on_slot(self.id_slot, cache_prompt=self.cache_prompt):
             return call(**self.call_kwargs(llm))
 
 
@@ -203,6 +208,15 @@ def _request_types():
     from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest
 
     return CreateCompletionRequest, CreateChatCompletionRequest
+
+
+def cache_prompt(body: dict) -> bool:
+    """llama-server's ``cache_prompt`` (true when absent); anything but a boolean is a 400."""
+    value = body.get("cache_prompt", True)
+    if not isinstance(value, bool):
+        raise RequestError(400, f"invalid 'cache_prompt': true or false is expected, got {value!r}",
+                           param="cache_prompt", code="invalid_value")
+    return value
 
 
 def check_known(body: dict, known) -> None:
@@ -303,9 +317,10 @@ def _info(kwargs: dict, stream: bool) -> dict:
 def completion(body: dict, model: ModelAccess) -> Plan:
     """``POST /v1/completions``. Any model name is served (there is one model)."""
     completion_type, _ = _request_types()
-    check_known(body, set(completion_type.model_fields) | OPENAI_ACCEPTED)
+    check_known(body, set(completion_type.model_fields) | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
     include_usage = _stream_options(body)
-    body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED}
+    reuse = cache_prompt(body)
+    body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
     check_max_tokens(body, "max_tokens")
     check_one_choice(body, "n")
     check_one_choice(body, "best_of")
@@ -329,6 +344,7 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     kwargs = req.model_dump(exclude=_NOT_KWARGS)
     kwargs["echo"] = bool(kwargs.get("echo"))
     plan = _plan("completion", req, kwargs, "prompt", model)
+    plan.cache_prompt = reuse
     plan.include_usage = include_usage
     if token_prompt is not None:
         kwargs["prompt"] = token_prompt
@@ -383,9 +399,10 @@ def _forced_tool(model: ModelAccess, body: dict) -> Optional[str]:
 def chat(body: dict, model: ModelAccess) -> Plan:
     """``POST /v1/chat/completions``; ``max_completion_tokens`` is OpenAI's newer ``max_tokens``."""
     _, chat_type = _request_types()
-    check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"} | OPENAI_ACCEPTED)
+    check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"} | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
     include_usage = _stream_options(body)
-    body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED}
+    reuse = cache_prompt(body)
+    body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
     check_max_tokens(body, "max_tokens")
     check_max_tokens(body, "max_completion_tokens")
     if body.get("max_completion_tokens") is not None:
@@ -406,6 +423,7 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     kwargs["messages"] = body["messages"]  # as sent (normalized): the template sees what the client sent
     plan = _plan("chat", req, kwargs, "messages", model)
     plan.include_usage = include_usage
+    plan.cache_prompt = reuse
     if plan.grammar_param is None and forced:
         plan.grammar_param = forced
     if plan.grammar_param is None and kwargs.get("response_format", {}) and \
