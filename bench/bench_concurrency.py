@@ -1,32 +1,36 @@
 """N concurrent clients: our `serve` next to llama-server, with MTP drafting and without.
 
-Issue 28 item 2. Four servers on the real-shape bench model (``make_mtp_model`` defaults,
-agreement 0.8, q8_0; cached after the first make), each pinned to the same cores with the same
-thread count, ``-np 4 -c 4096 -fa on``:
+Issues 28 and 29. Five servers on the real-shape bench model (``make_mtp_model`` defaults,
+agreement 0.8, q8_0; cached after the first make; ``--agreement`` for another), each pinned to
+the same cores with the same thread count, ``-np 4 -c 4096 -fa on``:
 
 * ``serve, draft-mtp``: ``llama-metaws serve --spec-type draft-mtp --spec-draft-n-max 3
   --phase-aware-workspace``;
+* ``serve, auto``: the same with ``--spec-draft-n-max auto`` (each step's lengths chosen from
+  acceptance and measured costs);
 * ``serve, no drafting``: ``llama-metaws serve``;
 * ``llama-server, draft-mtp``: llama.cpp's server built from the same patched tree (``llama-metaws
   build --tools``), ``--spec-type draft-mtp --spec-draft-n-max 3``;
 * ``llama-server, no drafting``.
 
-All four run for the whole bench (started at once, each warmed up with one request, stopped by
+All of them run for the whole bench (started at once, each warmed up with one request, stopped by
 PID at the end: their peak RSS is VmHWM / ``wait4``'s over the run). Each round runs every cell
-(N = 1, 2, 4 concurrent clients x the four servers), N outermost, the servers' order rotated by one
+(N = 1, 2, 4 concurrent clients x the servers), N outermost, the servers' order rotated by one
 each round. A cell sends the same ``--prompts`` distinct prompts (8; they differ from their first
 token, so no request shares a prefix with the one before it) as greedy streamed ``POST
 /v1/completions`` of ``--tokens`` (64) tokens from N client threads that take the next prompt as
-soon as their last request ends. llama-server gets ``"cache_prompt": false`` (it would otherwise
-keep the prompts of earlier rounds in its slots and its RAM cache; ours refuses the parameter and
-reuses nothing here: every request's ``cache_n`` is shown).
+soon as their last request ends. Every request carries ``"cache_prompt": false``: both servers
+would otherwise reuse the prompts of earlier rounds their slots hold (llama-server its RAM cache
+too); every request's ``cache_n`` is shown.
 
 Per cell: aggregate t/s (the tokens of every request over the cell's wall time, first request
 sent to last reply), per-request t/s (median of the server's ``timings.predicted_per_second``),
 time to first token (median, as the client sees it: queueing included), acceptance (the cell's
 ``draft_n_accepted`` over ``draft_n`` from each reply's ``timings``), graphs per step (from the
 reply's ``timings``: ``graphs_per_step``, or ``n_graphs`` over ``n_steps``; else from ``/metrics``:
-``llamametaws:graphs_total`` over ``llamametaws:steps_total``; else n/a), and whether each output
+``llamametaws:graphs_target_total`` and ``llamametaws:graphs_draft_total`` over
+``llamametaws:steps_total``; else n/a), the share of plain steps (``llamametaws:plain_steps_share``
+over the cell, from ``draft_length_steps_total``), and whether each output
 equals the same server's solo output of that prompt (its N=1 cell of the first round; greedy: the
 text must be identical). Ratios are the median over rounds of each round's ratio.
 
@@ -60,7 +64,8 @@ N_PARALLEL = 4
 N_CTX = 4096
 AGREEMENT = 0.8
 PLOT = HERE / "concurrency.png"
-SERVERS = ("serve, draft-mtp", "serve, no drafting", "llama-server, draft-mtp", "llama-server, no drafting")
+SERVERS = ("serve, draft-mtp", "serve, auto", "serve, no drafting", "llama-server, draft-mtp",
+           "llama-server, no drafting")
 MIB = 2**20
 
 
@@ -84,16 +89,16 @@ def prompts(n: int, n_tokens: int) -> List[str]:
 def server_cmds(name: str, tools: dict, model: Path, port: int, a: argparse.Namespace) -> List[str]:
     common = ["-m", str(model), "--port", str(port), "-np", str(N_PARALLEL), "-c", str(N_CTX), "-fa", "on",
               "-t", str(a.threads)]
-    spec = ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(DRAFT_MAX)]
+    spec = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "auto" if name.endswith("auto") else str(DRAFT_MAX)]
     if name.startswith("serve"):
         cmd = [sys.executable, "-m", "llama_metaws", "serve", *common, "--metrics"]
-        return cmd + spec + ["--phase-aware-workspace"] if "draft-mtp" in name else cmd
+        return cmd + spec + ["--phase-aware-workspace"] if "no drafting" not in name else cmd
     cmd = [str(tools["llama-server"]), "--host", "127.0.0.1", *common, "-tb", str(a.threads), "-ngl", "0", "--metrics"]
     return cmd + spec if "draft-mtp" in name else cmd
 
 
 def request_extra(name: str) -> dict:
-    return {"cache_prompt": False} if name.startswith("llama-server") else {}
+    return {"cache_prompt": False}
 
 
 def _metrics(port: int) -> Dict[str, float]:
@@ -123,10 +128,19 @@ def graphs_per_step(results: List[dict], m0: Dict[str, float], m1: Dict[str, flo
     if ts and all("n_graphs" in t and "n_steps" in t for t in ts):
         steps = sum(t["n_steps"] for t in ts)
         return sum(t["n_graphs"] for t in ts) / steps if steps else None
-    g, s = "llamametaws:graphs_total", "llamametaws:steps_total"
-    if g in m1 and s in m1 and m1[s] - m0.get(s, 0.0) > 0:
-        return (m1[g] - m0.get(g, 0.0)) / (m1[s] - m0.get(s, 0.0))
+    gs, s = ("llamametaws:graphs_target_total", "llamametaws:graphs_draft_total"), "llamametaws:steps_total"
+    if all(g in m1 for g in gs) and s in m1 and m1[s] - m0.get(s, 0.0) > 0:
+        return sum(m1[g] - m0.get(g, 0.0) for g in gs) / (m1[s] - m0.get(s, 0.0))
     return None
+
+
+def plain_share(m0: Dict[str, float], m1: Dict[str, float]) -> Optional[float]:
+    """The cell's share of plain decode steps (``draft_length_steps_total{length="0"}``), where
+    the server counts its steps by draft length."""
+    key = "llamametaws:draft_length_steps_total"
+    steps = {k: m1[k] - m0.get(k, 0.0) for k in m1 if k.startswith(key)}
+    total = sum(steps.values())
+    return steps.get(key + '{length="0"}', 0.0) / total if total > 0 else None
 
 
 def run_cell(port: int, name: str, n: int, texts: List[str], a: argparse.Namespace) -> dict:
@@ -168,6 +182,7 @@ def run_cell(port: int, name: str, n: int, texts: List[str], a: argparse.Namespa
         req_tps=statistics.median(float(r["timings"].get("predicted_per_second") or 0.0) for r in rs),
         ttft_ms=statistics.median(1e3 * r["ttft_s"] for r in rs if r["ttft_s"] is not None),
         drafted=drafted, accepted=accepted, graphs_per_step=graphs_per_step(rs, m0, m1),
+        plain_share=plain_share(m0, m1),
         cache_n=sum(int(r["timings"].get("cache_n") or 0) for r in rs),
         texts=[r["text"] for r in rs], n_tokens=tokens)
 
@@ -187,7 +202,7 @@ def measure(a: argparse.Namespace, keep: Optional[Callable[[dict], None]] = None
         print("building llama.cpp's tools (llama-metaws build --tools) ...", flush=True)
         subprocess.run([sys.executable, "-m", "llama_metaws", "build", "--tools"], check=True)
         tools = tools_build.find_tools()
-    model = make_mtp_model(agreement=AGREEMENT, dtype=a.dtype)
+    model = make_mtp_model(agreement=a.agreement, dtype=a.dtype)
     texts = prompts(a.prompts, a.prompt_tokens)
     logdir = Path(tempfile.mkdtemp(prefix="bench_concurrency-"))
     print(f"bench pid {os.getpid()}; model {model.name}; server logs in {logdir}", flush=True)
@@ -251,6 +266,7 @@ def summarize(m: dict) -> dict:
         for n, runs in by_n.items():
             drafted = sum(c["drafted"] for c in runs)
             gps = [c["graphs_per_step"] for c in runs if c.get("graphs_per_step") is not None]
+            plain = [c["plain_share"] for c in runs if c.get("plain_share") is not None]
             same = total = 0
             for c in runs:
                 for i, t in enumerate(c["texts"]):
@@ -261,6 +277,7 @@ def summarize(m: dict) -> dict:
                               ttft=_med([c["ttft_ms"] for c in runs]),
                               accept=sum(c["accepted"] for c in runs) / drafted if drafted else None,
                               gps=statistics.mean(gps) if gps else None, same=same, total=total, outputs=outputs,
+                              plain=statistics.mean(plain) if plain else None,
                               cache_n=sum(c["cache_n"] for c in runs))
     return s
 
@@ -271,42 +288,59 @@ def paired(m: dict, n: int, num: str, den: str) -> float:
     return _med([x["agg_tps"] / y["agg_tps"] for x, y in zip(a, b)])
 
 
+def paired_best(m: dict, n: int, num: str, dens: List[str]) -> float:
+    """The median over rounds of ``num``'s aggregate t/s over the best of ``dens`` in that round."""
+    a = m["cells"].get(num, {}).get(n, [])
+    bs = [m["cells"].get(d, {}).get(n, []) for d in dens]
+    return _med([x["agg_tps"] / max(y["agg_tps"] for y in ys) for x, *ys in zip(a, *bs)])
+
+
 def table(m: dict, a: argparse.Namespace, label: str) -> str:
     s = summarize(m)
     names = list(m["cells"])
     lines = [
         "## N concurrent clients: our `serve` next to llama-server (bench/bench_concurrency.py)",
         "",
-        f"{label}. Model `{m['model']}` (`make_mtp_model` defaults, agreement {AGREEMENT}, {a.dtype}: qwen35, "
+        f"{label}. Model `{m['model']}` (`make_mtp_model` defaults, agreement {a.agreement}, {a.dtype}: qwen35, "
         f"28 trunk layers of width 1024, 151,936 tokens, one NextN block). Every server `-np {N_PARALLEL} -c "
         f"{N_CTX} -fa on -t {a.threads}`, pinned to core(s) {','.join(map(str, a.cores))}; drafting is "
-        f"`--spec-type draft-mtp --spec-draft-n-max {DRAFT_MAX}` (ours with `--phase-aware-workspace`). "
+        f"`--spec-type draft-mtp --spec-draft-n-max {DRAFT_MAX}` (ours with `--phase-aware-workspace`; "
+        "`serve, auto`: `--spec-draft-n-max auto`). "
         f"Each cell: {m['prompts']} distinct prompts of about {a.prompt_tokens} tokens, {a.tokens} tokens "
         f"each, greedy, streamed `POST /v1/completions` from N client threads; {a.rounds} round(s), N "
-        "outermost, the servers' order rotated each round (medians over the rounds run). llama-server gets "
-        "`\"cache_prompt\": false`. Aggregate t/s: every request's tokens over the cell's wall time; per "
+        "outermost, the servers' order rotated each round (medians over the rounds run). Every request "
+        "has `\"cache_prompt\": false`. Aggregate t/s: every request's tokens over the cell's wall time; per "
         "request: the server's `predicted_per_second` (median); time to first token: the client's "
         "(queueing included, median); acceptance: `draft_n_accepted / draft_n` from the replies' "
-        "`timings`; graphs per step: n/a where the server does not report it; peak RSS: the server "
+        "`timings`; graphs per step (target and draft): n/a where the server does not report it; plain "
+        "steps: the share of decode steps that drafted nothing (ours); peak RSS: the server "
         "process over the whole run; outputs: replies equal to the same server's solo (N=1) reply.",
         "",
         "| server | N | aggregate t/s | per request t/s | time to first token ms | acceptance | "
-        "graphs per step | outputs = solo | peak RSS MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "graphs per step | plain steps | outputs = solo | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
         for n, r in s[name].items():
             lines.append(f"| {name} | {n} | {r['agg']:.2f} | {r['req']:.2f} | {r['ttft']:,.0f} | "
-                         f"{_f(r['accept'], '.3f')} | {_f(r['gps'], '.2f')} | {r['outputs']} | "
+                         f"{_f(r['accept'], '.3f')} | {_f(r['gps'], '.2f')} | {_f(r.get('plain'), '.2f')} | "
+                         f"{r['outputs']} | "
                          f"{m['rss'].get(name, 0) / MIB:,.0f} |")
     ns = sorted({n for name in names for n in s[name]})
     pairs = [("serve, draft-mtp", "llama-server, draft-mtp"), ("serve, no drafting", "llama-server, no drafting")]
-    lines += ["", "Goals (issue 28; ratios of aggregate t/s, median over rounds of each round's ratio):", "",
+    lines += ["", "Goals (issues 28 and 29; ratios of aggregate t/s, median over rounds of each round's ratio):", "",
               "| goal | " + " | ".join(f"N={n}" for n in ns) + " |", "|---|" + "---:|" * len(ns)]
     for ours, theirs in pairs:
         if ours in s and theirs in s:
             lines.append(f"| {ours} / {theirs} (>= 0.9) | "
                          + " | ".join(_f(paired(m, n, ours, theirs), ".2f") for n in ns) + " |")
+    ours = ["serve, draft-mtp", "serve, no drafting"]
+    if "serve, auto" in s and all(x in s for x in ours):
+        lines.append("| serve, auto / the better of serve, draft-mtp and serve, no drafting (>= 0.95) | "
+                     + " | ".join(_f(paired_best(m, n, "serve, auto", ours), ".2f") for n in ns) + " |")
+    if "serve, auto" in s and "llama-server, draft-mtp" in s:
+        lines.append("| serve, auto / llama-server, draft-mtp (> 1) | "
+                     + " | ".join(_f(paired(m, n, "serve, auto", "llama-server, draft-mtp"), ".2f") for n in ns) + " |")
     for name in ("serve, draft-mtp", "llama-server, draft-mtp"):
         if name in s and 1 in s[name]:
             base = s[name][1]["accept"]
@@ -350,7 +384,7 @@ def plot(m: dict, a: argparse.Namespace) -> Optional[Path]:
         return None
     s = summarize(m)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
-    style = {"serve, draft-mtp": ("C0", "o-"), "serve, no drafting": ("C0", "o:"),
+    style = {"serve, draft-mtp": ("C0", "o-"), "serve, auto": ("C2", "o--"), "serve, no drafting": ("C0", "o:"),
              "llama-server, draft-mtp": ("C1", "s-"), "llama-server, no drafting": ("C1", "s:")}
     for name, by_n in s.items():
         ns = sorted(by_n)
@@ -387,6 +421,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, help="tokens per request (64; --quick 32)")
     ap.add_argument("--threads", type=int, default=2, help="threads of every server, pinned to the last cores (2)")
     ap.add_argument("--dtype", default="q8_0", choices=("f16", "q8_0"), help="model matrices (q8_0)")
+    ap.add_argument("--agreement", type=float, default=AGREEMENT,
+                    help=f"how often the model's MTP head agrees with its trunk ({AGREEMENT})")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds for a server to start and for one request (600)")
     ap.add_argument("--label", default="", help="what this run measures (printed above the table)")

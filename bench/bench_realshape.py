@@ -92,7 +92,8 @@ def child(spec: dict) -> dict:
         assert t["cache_n"] == 0, t  # the whole prompt evaluated
         res = dict(decode_tps=t["decode_tokens_per_s"], prompt_tokens=t["prompt_tokens"],
                    tokens=out["usage"]["completion_tokens"], text=out["choices"][0]["text"],
-                   drafted=st.drafted if st else 0, accepted=st.accepted if st else 0)
+                   drafted=st.drafted if st else 0, accepted=st.accepted if st else 0,
+                   plain_share=t.get("plain_steps_share"), lengths=t.get("draft_lengths"))
         prompts, ttfts = [t["prompt_tokens_per_s"]], [t["ttft_ms"]]
         for i in range(1, spec["prompt_repeats"]):
             head = f"again {i} "  # the measured prompt's length, a prefix of its own
@@ -459,17 +460,25 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         (("decode", verdict["decode"]), ("speed-up", verdict["speedup"]),
          ("prompt", verdict["prompt"]))) + f", acceptance {accept}."]
     if a.auto:
-        lines += ["", "`draft_max=\"auto\"` (the adaptive length), decode t/s against the plugin's default "
-                  "k=3, its best fixed k and llama.cpp's best k in the same run:", "",
-                  "| agreement | auto t/s | / plugin k=3 | / plugin's best k | / llama.cpp's best k | acceptance |",
-                  "|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "`draft_max=\"auto\"` (each step's length chosen from acceptance and measured costs), "
+                  "decode t/s against the best of not drafting and the plugin's fixed k (issue 29: >= 0.95), "
+                  "llama.cpp's best fixed k and not drafting (the moonshot: >= 1 for both), each the median "
+                  "over the runs of that run's ratio; plain steps: the share of decode steps that drafted "
+                  "nothing:", "",
+                  "| agreement | auto t/s | / best of none and plugin k (>= 0.95) | best of those | "
+                  "/ llama.cpp's best k | / no drafting | plain steps | acceptance |",
+                  "|---:|---:|---:|---|---:|---:|---:|---:|"]
+        ours = ["no drafting"] + [f"plugin MTP k={k}" for k in a.draft_max]
+        theirs = [f"llama.cpp k={k}" for k in a.draft_max]
         for ag, cfgs in s.items():
             auto = cfgs["plugin MTP auto"]
-            best_p = max(cfgs[f"plugin MTP k={k}"]["decode"] for k in a.draft_max)
-            best_c = max(cfgs[f"llama.cpp k={k}"]["decode"] for k in a.draft_max)
-            k3 = cfgs.get("plugin MTP k=3", {}).get("decode", float("nan"))
-            lines.append(f"| {ag:.1f} | {auto['decode']:.2f} | {auto['decode'] / k3:.2f} | "
-                         f"{auto['decode'] / best_p:.2f} | {auto['decode'] / best_c:.2f} | "
+            best_name = max(ours, key=lambda n: cfgs[n]["decode"])
+            r_best = paired(m, ag, lambda r: r["plugin MTP auto"]["decode_tps"] / max(r[n]["decode_tps"] for n in ours))
+            r_cpp = paired(m, ag, lambda r: r["plugin MTP auto"]["decode_tps"] / max(r[n]["decode_tps"] for n in theirs))
+            r_none = paired(m, ag, lambda r: r["plugin MTP auto"]["decode_tps"] / r["no drafting"]["decode_tps"])
+            plain = [r["plain_share"] for r in m["results"][ag]["plugin MTP auto"] if r.get("plain_share") is not None]
+            lines.append(f"| {ag:.1f} | {auto['decode']:.2f} | {r_best:.2f} | {best_name} | {r_cpp:.2f} | "
+                         f"{r_none:.2f} | {_f(statistics.mean(plain) if plain else None, '.2f')} | "
                          f"{_f(auto['accept'], '.3f')} |")
     nb = {ag: cfgs["no drafting"] for ag, cfgs in s.items()}
     lb = {ag: cfgs["llama-bench"] for ag, cfgs in s.items()}
