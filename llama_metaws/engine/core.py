@@ -143,6 +143,7 @@ class Engine:
         self.after_step: Optional[Callable[[], None]] = None  # an observer, on the engine's thread
         self.waiting: Deque[Request] = collections.deque()
         self.total = DraftStats()
+        self.length_prior = None  # draft_max="auto": the acceptance a new request starts from
         self.last: Optional[Request] = None   # the request that ended last
         self.steps = 0
         self.peak_busy = 0                   # the most slots busy in one step
@@ -320,7 +321,7 @@ class Engine:
             return False
         r.cache_n = keep
         slot.cursor, slot.prompt_end = keep, end
-        slot.length = AdaptiveLength() if self.adaptive else None
+        slot.length = AdaptiveLength(self.length_prior) if self.adaptive else None
         self.reuse.stops(slot, keep, end, len(r.prompt))
         if keep >= end:  # the prompt but its held-back token is held already: draft from it first
             slot.state, slot.last, slot.drafts, slot.asked = SlotState.GENERATING, r.prompt[-1], [], 0
@@ -375,12 +376,18 @@ class Engine:
     def draft_lengths(self, going: List[Verdict], verdicts: List[Verdict]) -> List[int]:
         """The draft lengths of the next step for the slots that go on (``going``): each one's
         :meth:`draft_length`, or with ``draft_max="auto"`` the :class:`~.policy.DraftPolicy`'s
-        choice within it, from each slot's acceptance and the measured costs of the step."""
+        choice within it, from each slot's acceptance (this step's verdicts applied first) and the
+        measured costs of the step."""
         caps = [self.draft_length(v) for v in going]
         if not self.adaptive:
             return caps
         for v in going:
-            v.segment.slot.length.drift()
+            length = v.segment.slot.length
+            if v.verdict_known and v.drafted:  # this step's verdict, before the next length is chosen
+                length.update(v.drafted, v.accepted)
+                self.length_prior = length  # the next request's estimates start here
+            length.drift()
+        caps = [min(cap, v.segment.slot.length.limit) for v, cap in zip(going, caps)]  # a probe after a miss
         base = 0  # the next step's prompt tokens, as far as they are known now
         for v in verdicts:
             seg = v.segment

@@ -51,27 +51,44 @@ class AdaptiveLength:
     depth given up is tried again now and then. The engine's :class:`~.policy.DraftPolicy`
     weighs these against the measured costs; :attr:`n` is the length acceptance alone would take
     (the leading depths whose estimate is at least :attr:`KEEP`, none when the first is below it).
+
+    Trying again is kept cheap where drafting does not pay: after a draft whose first token was
+    rejected (a *miss*) the next draft is a probe of one token (:attr:`limit`), and each miss in
+    a row halves the drift (up to :attr:`BACKOFF` times), so the probes thin out while the head
+    keeps disagreeing. A new request's estimates start from ``prior``'s (the engine passes the
+    slot that verified a draft last): the same model pair tends to agree as often on the next
+    request, and a fresh start at full acceptance would draft the cap on every request's first
+    step.
     """
 
     CAP = AUTO_DRAFT_MAX
     KEEP = 0.5
     RATE = 0.5
     RETRY = 0.02
+    BACKOFF = 5
 
-    def __init__(self) -> None:
-        self.p = [1.0] * self.CAP
+    def __init__(self, prior: Optional["AdaptiveLength"] = None) -> None:
+        self.p = list(prior.p) if prior is not None else [1.0] * self.CAP
+        self.misses = prior.misses if prior is not None else 0  # drafts rejected at once, in a row
 
     @property
     def n(self) -> int:
-        return acceptance_length(self.p, self.CAP, self.KEEP)
+        return min(self.limit, acceptance_length(self.p, self.CAP, self.KEEP))
+
+    @property
+    def limit(self) -> int:
+        """The longest draft worth its cost now: one token (a probe) after a miss, else the cap."""
+        return 1 if self.misses else self.CAP
 
     def drift(self) -> None:
-        """A step starts: the estimates drift up, so a depth given up is tried again now and then."""
-        self.p = [min(1.0, p + self.RETRY) for p in self.p]
+        """A step starts: the estimates drift up, so a depth given up is tried again now and then
+        (more slowly after each miss in a row)."""
+        step = self.RETRY * 0.5 ** min(self.misses, self.BACKOFF)
+        self.p = [min(1.0, p + step) for p in self.p]
 
     def next_step(self) -> int:
         """A step starts (:meth:`drift`); the draft length acceptance alone would take: the leading
-        depths whose estimate is at least :attr:`KEEP`."""
+        depths whose estimate is at least :attr:`KEEP` (one after a miss)."""
         self.drift()
         return self.n
 
@@ -80,6 +97,8 @@ class AdaptiveLength:
         for d in range(min(drafted, accepted + 1)):  # depths with a verdict
             hit = 1.0 if d < accepted else 0.0
             self.p[d] += self.RATE * (hit - self.p[d])
+        if drafted:
+            self.misses = self.misses + 1 if accepted == 0 else 0
 
 
 class MTPHead:

@@ -55,8 +55,6 @@ def update(engine, plan: StepPlan, verdicts: List[Verdict]) -> None:
                 engine.total.drafted += v.drafted
                 engine.total.accepted += v.accepted
                 engine.total.steps += 1
-                if slot.length is not None:
-                    slot.length.update(v.drafted, v.accepted)
         if seg.kind == "decode":  # the draft length this step ran with, as it was asked for
             r.stats.chose(slot.asked)
             engine.total.chose(slot.asked)
