@@ -46,6 +46,15 @@ class Server:
                 raise AssertionError(f"the server did not come up:\n{self.log()}")
             time.sleep(0.2)
 
+    def running(self):
+        """A module fixture's body (``yield from srv.running()``): the server, then killed by PID,
+        and its log checked for a Python traceback (a request that failed inside it)."""
+        try:
+            yield self
+        finally:
+            self.kill()
+        assert "Traceback" not in self.log(), self.log()
+
     def client(self, **kw):
         kw.setdefault("api_key", "none")
         return openai.OpenAI(base_url=self.base + "/v1", timeout=CLIENT_TIMEOUT_S, max_retries=0, **kw)

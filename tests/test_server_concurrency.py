@@ -25,11 +25,7 @@ def server(models_dir, tmp_path_factory):
     srv = Server(model, "--device", "CPU,CPU", "-sm", "tensor", "--spec-type", "draft-mtp",
                  "--spec-draft-n-max", "3", "--phase-aware-workspace", "-np", "4", "-c", "1024",
                  "-b", "64", "-ub", "64", "--metrics", "-a", "tiny", log_path=tmp_path_factory.mktemp("srv") / "np4.log")
-    try:
-        yield srv
-    finally:
-        srv.kill()
-    assert "Traceback" not in srv.log(), srv.log()
+    yield from srv.running()
 
 
 @pytest.fixture(scope="module")

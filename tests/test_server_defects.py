@@ -30,11 +30,7 @@ def plain_model(models_dir):
 def server(plain_model, tmp_path_factory):
     srv = Server(plain_model, "-c", "4096", "-b", "512", "-ub", "512", "--queue-size", "1", "--metrics", api_key=KEY,
                  log_path=tmp_path_factory.mktemp("srv") / "defects.log")
-    try:
-        yield srv
-    finally:
-        srv.kill()
-    assert "Traceback" not in srv.log(), srv.log()
+    yield from srv.running()
 
 
 def _auth(**extra):

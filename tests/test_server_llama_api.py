@@ -27,11 +27,7 @@ def server(models_dir, tmp_path_factory):
     srv = Server(model, "-a", "tiny-llama", "--chat-template-file", str(tmp / "template.jinja"), "--jinja",
                  "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on", "-kvu", "-np", "2", "-c", "512", "-b", "128",
                  "-ub", "128", "--temp", "0", "-n", str(N_DEFAULT), log_path=tmp / "llama-api.log")
-    try:
-        yield srv
-    finally:
-        srv.kill()
-    assert "Traceback" not in srv.log(), srv.log()
+    yield from srv.running()
 
 
 @pytest.fixture(scope="module")

@@ -24,11 +24,7 @@ def server(models_dir, tmp_path_factory):
     srv = Server(model, "--device", "CPU,CPU", "-sm", "tensor", "--spec-type", "draft-mtp",
                  "--phase-aware-workspace", "-c", "512", "-b", "64", "-ub", "64", "-a", "tiny-chars",
                  log_path=tmp_path_factory.mktemp("srv") / "openai.log")
-    try:
-        yield srv
-    finally:
-        srv.kill()
-    assert "Traceback" not in srv.log(), srv.log()
+    yield from srv.running()
 
 
 @pytest.fixture(scope="module")
