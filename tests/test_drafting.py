@@ -161,7 +161,9 @@ def test_p_min_is_llama_cpps_top_10_probability():
 
 def test_adaptive_length_follows_acceptance():
     a = AdaptiveLength()
-    assert a.next_step() == AdaptiveLength.CAP  # a fresh start drafts all it may
+    assert a.next_step() == 1  # a fresh start probes with one token ...
+    a.update(1, 1)
+    assert a.next_step() == AdaptiveLength.CAP  # ... and once it is accepted drafts all it may
     for _ in range(5):  # the third token is always rejected: two are drafted
         a.update(a.next_step(), 2)
     assert a.n == 2
