@@ -239,3 +239,25 @@ def test_a_head_that_never_agrees_costs_one_token_probes_only(never_path):
     assert [first, second] == want
     assert max(one) == 1 and one[0] > one[1], one
     assert max(two) <= 1 and two.get(1, 0) < one[1], (one, two)
+
+
+def test_a_batch_size_with_a_cost_of_its_own_is_timed_and_then_chosen():
+    # a CPU whose kernel tile makes a 4-token batch nearly as cheap as one token; the engine has
+    # timed 1 and 7 tokens only (a probe, then the cap), so 4 is interpolated and the cap looks best
+    def target(n):
+        return 0.012 if n == 4 else 0.010 + 0.008 * (n - 1)
+
+    costs = StepCosts(clock=lambda: 0.0)
+    costs.target.add(1, target(1))
+    costs.target.add(7, target(7))
+    policy = DraftPolicy(costs)
+    p = [1.0] * CAP
+    assert policy.choose([(p, CAP)]) == [CAP]
+    chosen = []
+    for _ in range(6 * DraftPolicy.FILL):
+        k = policy.choose([(p, CAP)])[0]
+        costs.target.add(1 + k, target(1 + k))  # what the engine would measure
+        chosen.append(k)
+    filled = [k for i, k in enumerate(chosen, start=2) if i % DraftPolicy.FILL == 0]
+    assert filled[:3] == [1, 2, 3], filled  # the untimed sizes, shortest first
+    assert chosen[-DraftPolicy.FILL + 1:] == [3] * (DraftPolicy.FILL - 1), chosen  # then the tile's length

@@ -24,7 +24,10 @@ Depths given up are tried again now and then: every step each estimate drifts up
 draft after such a miss is a one-token probe), so a change of content is noticed cheaply; and every
 :attr:`DraftPolicy.EXPLORE` steps with measured costs a step drafts what acceptance alone would
 (the leading depths whose estimate is at least one half), so the costs of longer batches are
-measured again and a change of load is noticed too. A cost model can be injected (tests, and a
+measured again and a change of load is noticed too; and every :attr:`DraftPolicy.FILL` steps, while
+a length up to that one has a target batch that was never timed, a step drafts the shortest such
+(the costs between timed sizes are interpolated, and the best length may sit at a size of its
+own: a batch that fills a kernel's tile). A cost model can be injected (tests, and a
 clock: :class:`StepCosts` takes one).
 """
 
@@ -68,6 +71,10 @@ class _Curve:
     @property
     def known(self) -> bool:
         return bool(self.sizes)
+
+    def has(self, size: int) -> bool:
+        """Whether ``size`` was measured (not interpolated)."""
+        return size in self.values
 
     def __call__(self, size: int) -> float:
         if size <= 0 or not self.sizes:
@@ -149,6 +156,9 @@ class DraftPolicy:
 
     #: every this many steps with measured costs, one explores (drafts what acceptance would)
     EXPLORE = 50
+    #: and every this many, one drafts a length whose target batch was never timed, if any is
+    #: (the shortest such, up to what acceptance alone would draft)
+    FILL = 8
 
     def __init__(self, costs: Optional[StepCosts] = None) -> None:
         self.costs = costs if costs is not None else StepCosts()
@@ -167,8 +177,14 @@ class DraftPolicy:
         if not self.costs.known:
             return caps
         self.steps += 1
-        if self.costs.measured and self.steps % self.EXPLORE == 0:
-            return [acceptance_length(p, cap) for (p, _), cap in zip(slots, caps)]
+        if self.costs.measured:
+            wanted = [acceptance_length(p, cap) for (p, _), cap in zip(slots, caps)]
+            if self.steps % self.EXPLORE == 0:
+                return wanted
+            if self.steps % self.FILL == 0:
+                untimed = self._untimed(wanted, base_tokens)
+                if untimed is not None:
+                    return untimed
         yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
         k = [0] * len(slots)
 
@@ -198,3 +214,13 @@ class DraftPolicy:
             if not changed:
                 break
         return k
+
+    def _untimed(self, wanted: List[int], base_tokens: int) -> Optional[List[int]]:
+        """The shortest common length (each slot at most its ``wanted``) whose target batch was
+        never timed, or None: a cost between two sizes is interpolated, and a batch size with a
+        cost of its own (a kernel's tile filled, say) is found only by timing it."""
+        for x in range(1, max(wanted, default=0) + 1):
+            ks = [min(x, w) for w in wanted]
+            if not self.costs.target.has(base_tokens + sum(1 + k for k in ks)):
+                return ks
+        return None
