@@ -194,11 +194,14 @@ def test_measured_costs_are_measured_again_now_and_then():
     assert {fixed.choose([(p, CAP)])[0] for _ in range(2 * DraftPolicy.EXPLORE)} == {0}
 
 
-def test_a_probe_first_and_after_a_miss_and_the_probes_thin_out():
+def test_a_probe_first_and_after_a_miss_lengths_that_double_and_probes_that_thin_out():
     a = AdaptiveLength()
     assert a.limit == 1  # nothing verified yet: a probe
     a.update(1, 1)
-    assert a.limit == CAP
+    assert a.limit == 2  # a kept token: twice as long next
+    a.update(2, 2)
+    a.update(4, 3)
+    assert a.limit == CAP  # 2 x 3, as far as the cap
     a.update(CAP, 0)  # the first token rejected: a miss
     assert a.limit == 1 and a.n <= 1
 
@@ -214,9 +217,10 @@ def test_a_probe_first_and_after_a_miss_and_the_probes_thin_out():
     a.update(1, 0)  # four: the drift is a quarter of what it was after two
     four = steps_to_retry(a)
     assert 0 < twice and four >= 2 * twice, (twice, four)
-    a.update(1, 1)  # the probe is accepted: the cap again
-    assert a.misses == 0 and a.limit == CAP
-    assert AdaptiveLength(prior=a).limit == CAP  # a new request starts from what was learnt
+    a.update(1, 1)  # the probe is accepted: longer again
+    assert a.misses == 0 and a.limit == 2
+    b = AdaptiveLength(prior=a)  # a new request starts from what was learnt
+    assert (b.limit, b.misses, b.p) == (a.limit, a.misses, a.p)
 
 
 @pytest.fixture(scope="module")

@@ -163,7 +163,11 @@ def test_adaptive_length_follows_acceptance():
     a = AdaptiveLength()
     assert a.next_step() == 1  # a fresh start probes with one token ...
     a.update(1, 1)
-    assert a.next_step() == AdaptiveLength.CAP  # ... and once it is accepted drafts all it may
+    assert a.next_step() == 2  # ... and once it is accepted doubles
+    a.update(2, 2)
+    assert a.next_step() == 4
+    a.update(4, 4)
+    assert a.next_step() == AdaptiveLength.CAP  # as far as the cap
     for _ in range(5):  # the third token is always rejected: two are drafted
         a.update(a.next_step(), 2)
     assert a.n == 2

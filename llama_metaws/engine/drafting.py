@@ -52,12 +52,14 @@ class AdaptiveLength:
     weighs these against the measured costs; :attr:`n` is the length acceptance alone would take
     (the leading depths whose estimate is at least :attr:`KEEP`, none when the first is below it).
 
-    Trying is kept cheap where drafting does not pay: until a draft was verified, and after a
-    draft whose first token was rejected (a *miss*), the next draft is a probe of one token
-    (:attr:`limit`); each miss in a row halves the drift (up to :attr:`BACKOFF` times), so the
-    probes thin out while the head keeps disagreeing. A new request's estimates start from
-    ``prior``'s (the engine passes the slot that verified a draft last): the same model pair
-    tends to agree as often on the next request, and a fresh start would probe again.
+    Trying is kept cheap where drafting does not pay, since a depth never verified keeps its
+    estimate: until a draft was verified, and after a draft whose first token was rejected (a
+    *miss*), the next draft is a probe of one token; after a draft that kept ``a`` tokens the next
+    is at most ``2 a`` long (:attr:`limit`: the length grows by doubling, as far as the cap). Each
+    miss in a row halves the drift (up to :attr:`BACKOFF` times), so the probes thin out while
+    the head keeps disagreeing. A new request's estimates start from ``prior``'s (the engine
+    passes the slot that verified a draft last): the same model pair tends to agree as often on
+    the next request, and a fresh start would probe again.
     """
 
     CAP = AUTO_DRAFT_MAX
@@ -69,17 +71,11 @@ class AdaptiveLength:
     def __init__(self, prior: Optional["AdaptiveLength"] = None) -> None:
         self.p = list(prior.p) if prior is not None else [1.0] * self.CAP
         self.misses = prior.misses if prior is not None else 0  # drafts rejected at once, in a row
-        self.seen = prior is not None  # a draft was verified (here or in the prior)
+        self.limit = prior.limit if prior is not None else 1    # see the class docstring
 
     @property
     def n(self) -> int:
         return min(self.limit, acceptance_length(self.p, self.CAP, self.KEEP))
-
-    @property
-    def limit(self) -> int:
-        """The longest draft worth its cost now: one token (a probe) before any verdict and after
-        a miss, else the cap."""
-        return 1 if self.misses or not self.seen else self.CAP
 
     def drift(self) -> None:
         """A step starts: the estimates drift up, so a depth given up is tried again now and then
@@ -100,7 +96,7 @@ class AdaptiveLength:
             self.p[d] += self.RATE * (hit - self.p[d])
         if drafted:
             self.misses = self.misses + 1 if accepted == 0 else 0
-            self.seen = True
+            self.limit = max(1, min(self.CAP, 2 * accepted))
 
 
 class MTPHead:
