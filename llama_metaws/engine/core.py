@@ -387,7 +387,7 @@ class Engine:
                 length.update(v.drafted, v.accepted)
                 self.length_prior = length  # the next request's estimates start here
             length.drift()
-        caps = [min(cap, v.segment.slot.length.limit) for v, cap in zip(going, caps)]  # a probe after a miss
+        caps = [min(cap, v.segment.slot.length.limit) for v, cap in zip(going, caps)]  # a probe, or twice what was kept
         base = 0  # the next step's prompt tokens, as far as they are known now
         for v in verdicts:
             seg = v.segment

@@ -85,7 +85,7 @@ class AdaptiveLength:
 
     def next_step(self) -> int:
         """A step starts (:meth:`drift`); the draft length acceptance alone would take: the leading
-        depths whose estimate is at least :attr:`KEEP` (one after a miss)."""
+        depths whose estimate is at least :attr:`KEEP`, within :attr:`limit`."""
         self.drift()
         return self.n
 

@@ -1,7 +1,8 @@
 """A step is run here: the decodes, the sampling, the drafts.
 
 :func:`execute` is the second of a step's three phases (after :mod:`.schedule`, before
-:mod:`.update`). It runs every llama.cpp call of the step and changes no slot or request:
+:mod:`.update`). It runs every llama.cpp call of the step and changes no slot or request (but
+``draft_max="auto"``'s acceptance estimates, which choosing the next drafts needs):
 
 1. one target decode of the step's batch (every slot's segment, in sequence order);
 2. the checkpoints a prompt chunk ends at (the recurrent state, read before the next decode);

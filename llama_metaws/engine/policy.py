@@ -20,8 +20,9 @@ shared: drafting for one slot makes every slot's step longer.
   plain decode step (``k = 0``) where no draft pays.
 
 Depths given up are tried again now and then: every step each estimate drifts up a little
-(``AdaptiveLength.RETRY``, less after each draft in a row whose first token was rejected, and the
-draft after such a miss is a one-token probe), so a change of content is noticed cheaply; and every
+(``AdaptiveLength.RETRY``, less after each draft in a row whose first token was rejected; the
+draft after such a miss is a one-token probe, and lengths grow by doubling), so a change of
+content is noticed cheaply; and every
 :attr:`DraftPolicy.EXPLORE` steps with measured costs a step drafts what acceptance alone would
 (the leading depths whose estimate is at least one half), so the costs of longer batches are
 measured again and a change of load is noticed too; and every :attr:`DraftPolicy.FILL` steps, while
