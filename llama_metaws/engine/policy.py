@@ -178,14 +178,14 @@ class DraftPolicy:
         if not self.costs.known:
             return caps
         self.steps += 1
-        if self.costs.measured:
+        explore, fill = self.steps % self.EXPLORE == 0, self.steps % self.FILL == 0
+        if self.costs.measured and (explore or fill):  # the acceptance lengths only when needed
             wanted = [acceptance_length(p, cap) for (p, _), cap in zip(slots, caps)]
-            if self.steps % self.EXPLORE == 0:
+            if explore:
                 return wanted
-            if self.steps % self.FILL == 0:
-                untimed = self._untimed(wanted, base_tokens)
-                if untimed is not None:
-                    return untimed
+            untimed = self._untimed(wanted, base_tokens)
+            if untimed is not None:
+                return untimed
         yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
         k = [0] * len(slots)
 
