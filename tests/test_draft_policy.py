@@ -265,3 +265,39 @@ def test_a_batch_size_with_a_cost_of_its_own_is_timed_and_then_chosen():
     filled = [k for i, k in enumerate(chosen, start=2) if i % DraftPolicy.FILL == 0]
     assert filled[:3] == [1, 2, 3], filled  # the untimed sizes, shortest first
     assert chosen[-DraftPolicy.FILL + 1:] == [3] * (DraftPolicy.FILL - 1), chosen  # then the tile's length
+
+
+def test_with_several_slots_one_slot_in_turn_explores_and_fills():
+    # four slots whose drafts would be accepted, on a CPU where drafting does not pay: the best
+    # step is plain. An explore or fill step drafts for one slot, in turn, not for all four (a
+    # batch four times as long for one more timing); a fill never happens beside prompt tokens.
+    costs = StepCosts(clock=lambda: 0.0)
+    for n in range(1, 5):
+        costs.target.add(n, 0.01 * n)
+    policy = DraftPolicy(costs)
+    p = [0.9, 0.9, 0.2, 0.1, 0.1, 0.1]
+    slots = [(p, CAP)] * 4
+    chosen = []
+    for _ in range(2 * DraftPolicy.EXPLORE):
+        k = policy.choose(slots)
+        costs.target.add(4 + sum(k), 0.01 * (4 + sum(k)))  # what the engine would measure
+        chosen.append(k)
+    drafted = [(i, k) for i, k in enumerate(chosen, start=1) if any(k)]
+    assert drafted, chosen
+    for i, k in drafted:
+        assert sorted(k)[:-1] == [0, 0, 0], (i, k)  # one slot at a time
+    fills = [k for i, k in drafted if i % DraftPolicy.EXPLORE]
+    assert [max(k) for k in fills] == [1, 2], fills  # sizes 5 and 6 timed, shortest first
+    assert [k.index(max(k)) for k in fills] == [0, 1], fills  # the next slot's turn
+    explores = [k for i, k in drafted if i % DraftPolicy.EXPLORE == 0]
+    assert [max(k) for k in explores] == [2, 2] and explores[0] != explores[1], explores
+    # beside a prompt chunk a fill step drafts nothing (its batch size is seen once), where a
+    # step without one fills: a draft decode that costs more than it yields, 41 tokens timed
+    costs = StepCosts(clock=lambda: 0.0)
+    for n in list(range(1, 5)) + [41]:
+        costs.target.add(n, 0.01 * n)
+    costs.draft.add(1, 0.5)
+    for base, filled in ((37, False), (0, True)):
+        policy = DraftPolicy(costs)
+        steps = [policy.choose(slots, base_tokens=base) for _ in range(DraftPolicy.EXPLORE - 1)]
+        assert any(map(any, steps)) is filled, (base, steps)

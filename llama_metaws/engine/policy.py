@@ -23,12 +23,14 @@ Depths given up are tried again now and then: every step each estimate drifts up
 (``AdaptiveLength.RETRY``, less after each draft in a row whose first token was rejected; the
 draft after such a miss is a one-token probe, and lengths grow by doubling), so a change of
 content is noticed cheaply; and every
-:attr:`DraftPolicy.EXPLORE` steps with measured costs a step drafts what acceptance alone would
-(the leading depths whose estimate is at least one half), so the costs of longer batches are
-measured again and a change of load is noticed too; and every :attr:`DraftPolicy.FILL` steps, while
-a length up to that one has a target batch that was never timed, a step drafts the shortest such
-(the costs between timed sizes are interpolated, and the best length may sit at a size of its
-own: a batch that fills a kernel's tile). A cost model can be injected (tests, and a
+:attr:`DraftPolicy.EXPLORE` steps with measured costs one slot, in turn, drafts what acceptance
+alone would (the leading depths whose estimate is at least one half), so the costs of longer
+batches are measured again and a change of load is noticed too; and every
+:attr:`DraftPolicy.FILL` steps without prompt tokens, while a length up to that one makes a target
+batch that was never timed, one slot drafts the shortest such (the costs between timed sizes are
+interpolated, and the best length may sit at a size of its own: a batch that fills a kernel's
+tile). The other slots of such a step keep their best lengths: the engine explores, not each
+slot at once. A cost model can be injected (tests, and a
 clock: :class:`StepCosts` takes one).
 """
 
@@ -155,15 +157,16 @@ def acceptance_length(p: Sequence[float], cap: int, keep: float = 0.5) -> int:
 class DraftPolicy:
     """Chooses each step's draft lengths (see the module docstring) from ``costs``."""
 
-    #: every this many steps with measured costs, one explores (drafts what acceptance would)
+    #: every this many steps with measured costs, one slot explores (drafts what acceptance would)
     EXPLORE = 50
-    #: and every this many, one drafts a length whose target batch was never timed, if any is
-    #: (the shortest such, up to what acceptance alone would draft)
+    #: and every this many, one slot drafts a length whose target batch was never timed, if any
+    #: is (the shortest such, up to what acceptance alone would draft)
     FILL = 8
 
     def __init__(self, costs: Optional[StepCosts] = None) -> None:
         self.costs = costs if costs is not None else StepCosts()
         self.steps = 0
+        self.turn = 0  # whose turn it is to explore (see _try_one)
 
     def choose(self, slots: Sequence[Tuple[Sequence[float], int]], base_tokens: int = 0) -> List[int]:
         """Draft lengths for the slots of the next step: each is ``(p, cap)``, its per-depth
@@ -178,14 +181,15 @@ class DraftPolicy:
         if not self.costs.known:
             return caps
         self.steps += 1
+        k = self._best(slots, caps, base_tokens)
         explore, fill = self.steps % self.EXPLORE == 0, self.steps % self.FILL == 0
         if self.costs.measured and (explore or fill):  # the acceptance lengths only when needed
             wanted = [acceptance_length(p, cap) for (p, _), cap in zip(slots, caps)]
-            if explore:
-                return wanted
-            untimed = self._untimed(wanted, base_tokens)
-            if untimed is not None:
-                return untimed
+            self._try_one(k, wanted, base_tokens, explore)
+        return k
+
+    def _best(self, slots: Sequence[Tuple[Sequence[float], int]], caps: List[int], base_tokens: int) -> List[int]:
+        """The lengths that maximize the step's expected tokens per second (see :meth:`choose`)."""
         yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
         k = [0] * len(slots)
 
@@ -216,12 +220,29 @@ class DraftPolicy:
                 break
         return k
 
-    def _untimed(self, wanted: List[int], base_tokens: int) -> Optional[List[int]]:
-        """The shortest common length (each slot at most its ``wanted``) whose target batch was
-        never timed, or None: a cost between two sizes is interpolated, and a batch size with a
-        cost of its own (a kernel's tile filled, say) is found only by timing it."""
-        for x in range(1, max(wanted, default=0) + 1):
-            ks = [min(x, w) for w in wanted]
-            if not self.costs.target.has(base_tokens + sum(1 + k for k in ks)):
-                return ks
-        return None
+    def _try_one(self, k: List[int], wanted: List[int], base_tokens: int, explore: bool) -> None:
+        """An explore or fill step: one slot, in turn, drafts another length than ``k`` gives it
+        (in place); the others keep the best lengths. Exploring for the engine rather than for
+        every slot at once: at N slots, a step where each drafted what acceptance would was a
+        batch N times as long, for one more timing.
+
+        Explore: the slot drafts what its acceptance would, where that is more than ``k``. Fill
+        (only on a step without prompt tokens: each prompt chunk makes a batch size of its own,
+        which timing would never end): the shortest length, up to what its acceptance would
+        draft, that makes a target batch never timed; costs between timed sizes are
+        interpolated, and a size with a cost of its own (a kernel's tile filled, say) is found
+        only by timing it."""
+        if not explore and base_tokens:
+            return
+        n = base_tokens + sum(1 + x for x in k)
+        for i in range(len(k)):
+            s = (self.turn + i) % len(k)
+            if explore:
+                x = wanted[s] if wanted[s] > k[s] else None
+            else:
+                x = next((x for x in range(1, wanted[s] + 1)
+                          if x != k[s] and not self.costs.target.has(n + x - k[s])), None)
+            if x is not None:
+                k[s] = x
+                self.turn = s + 1
+                return
