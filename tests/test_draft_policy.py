@@ -292,12 +292,30 @@ def test_with_several_slots_one_slot_in_turn_explores_and_fills():
     explores = [k for i, k in drafted if i % DraftPolicy.EXPLORE == 0]
     assert [max(k) for k in explores] == [2, 2] and explores[0] != explores[1], explores
     # beside a prompt chunk a fill step drafts nothing (its batch size is seen once), where a
-    # step without one fills: a draft decode that costs more than it yields, 41 tokens timed
+    # step without one fills: plain steps are best either way, and an untimed size could pay
+    # at the least it can cost (that of the size below it)
     costs = StepCosts(clock=lambda: 0.0)
-    for n in list(range(1, 5)) + [41]:
-        costs.target.add(n, 0.01 * n)
-    costs.draft.add(1, 0.5)
+    for n, seconds in [(1, 0.01), (2, 0.02), (3, 0.03), (4, 0.04), (41, 0.41), (43, 0.60)]:
+        costs.target.add(n, seconds)
     for base, filled in ((37, False), (0, True)):
         policy = DraftPolicy(costs)
         steps = [policy.choose(slots, base_tokens=base) for _ in range(DraftPolicy.EXPLORE - 1)]
         assert any(map(any, steps)) is filled, (base, steps)
+
+
+def test_a_batch_size_that_could_not_pay_at_its_least_cost_is_not_timed():
+    # a CPU: each target token costs as much as a decode, and a draft decode 40% of one (a real
+    # vocabulary's output head). Timed: 1 and 2 tokens. A draft of 2 makes an untimed 3-token
+    # batch; at agreement 0.8 it could not pay even at a 2-token batch's cost, so no fill step
+    # drafts it; where every draft token is accepted it could, and is timed.
+    def policy_for():
+        costs = StepCosts(clock=lambda: 0.0)
+        costs.target.add(1, 0.010)
+        costs.target.add(2, 0.019)
+        costs.draft.add(1, 0.004)
+        return DraftPolicy(costs)
+
+    for p, timed in (([0.8] * CAP, False), ([1.0] * CAP, True)):
+        policy = policy_for()
+        ks = [policy.choose([(p, 2)])[0] for _ in range(DraftPolicy.EXPLORE - 1)]
+        assert (2 in ks) is timed and 1 not in ks, (p, ks)

@@ -27,7 +27,8 @@ content is noticed cheaply; and every
 alone would (the leading depths whose estimate is at least one half), so the costs of longer
 batches are measured again and a change of load is noticed too; and every
 :attr:`DraftPolicy.FILL` steps without prompt tokens, while a length up to that one makes a target
-batch that was never timed, one slot drafts the shortest such (the costs between timed sizes are
+batch that was never timed and could pay at the least that batch can cost (that of the largest
+timed size below it), one slot drafts the shortest such (the costs between timed sizes are
 interpolated, and the best length may sit at a size of its own: a batch that fills a kernel's
 tile). The other slots of such a step keep their best lengths: the engine explores, not each
 slot at once. A cost model can be injected (tests, and a
@@ -79,6 +80,12 @@ class _Curve:
         """Whether ``size`` was measured (not interpolated)."""
         return size in self.values
 
+    def floor(self, size: int) -> float:
+        """The least ``size`` can cost if costs grow with the size: the value at the largest
+        size measured up to it (0.0 where none is)."""
+        i = bisect.bisect_right(self.sizes, size)
+        return self.values[self.sizes[i - 1]] if size > 0 and i else 0.0
+
     def __call__(self, size: int) -> float:
         if size <= 0 or not self.sizes:
             return 0.0
@@ -109,10 +116,12 @@ class StepCosts:
     #: measured as the engine runs (worth measuring again now and then)
     measured = True
 
-    def step(self, n_target: int, depths: Sequence[int]) -> float:
+    def step(self, n_target: int, depths: Sequence[int], least: bool = False) -> float:
         """A step's seconds: a target batch of ``n_target`` tokens, its catch-up, and draft decodes
-        over ``depths[d]`` slots at depth ``d``."""
-        return self.target(n_target) + self.catch_up(n_target) + sum(self.draft(m) for m in depths if m)
+        over ``depths[d]`` slots at depth ``d``; ``least``: with the least the target batch can
+        cost (:meth:`_Curve.floor`) in place of its estimate."""
+        target = self.target.floor(n_target) if least else self.target(n_target)
+        return target + self.catch_up(n_target) + sum(self.draft(m) for m in depths if m)
 
 
 class _Given:
@@ -128,6 +137,8 @@ class _Given:
 
     def __call__(self, size: int) -> float:
         return self.f(size) if size > 0 else 0.0
+
+    floor = __call__
 
 
 class FixedCosts(StepCosts):
@@ -159,8 +170,8 @@ class DraftPolicy:
 
     #: every this many steps with measured costs, one slot explores (drafts what acceptance would)
     EXPLORE = 50
-    #: and every this many, one slot drafts a length whose target batch was never timed, if any
-    #: is (the shortest such, up to what acceptance alone would draft)
+    #: and every this many, one slot drafts a length whose target batch was never timed and
+    #: could pay, if any is (the shortest such, up to what acceptance alone would draft)
     FILL = 8
 
     def __init__(self, costs: Optional[StepCosts] = None) -> None:
@@ -181,37 +192,39 @@ class DraftPolicy:
         if not self.costs.known:
             return caps
         self.steps += 1
-        k = self._best(slots, caps, base_tokens)
+        yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
+        k = self._best(yields, base_tokens)
         explore, fill = self.steps % self.EXPLORE == 0, self.steps % self.FILL == 0
         if self.costs.measured and (explore or fill):  # the acceptance lengths only when needed
             wanted = [acceptance_length(p, cap) for (p, _), cap in zip(slots, caps)]
-            self._try_one(k, wanted, base_tokens, explore)
+            self._try_one(k, wanted, yields, base_tokens, explore)
         return k
 
-    def _best(self, slots: Sequence[Tuple[Sequence[float], int]], caps: List[int], base_tokens: int) -> List[int]:
-        """The lengths that maximize the step's expected tokens per second (see :meth:`choose`)."""
-        yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
-        k = [0] * len(slots)
+    def _rate(self, ks: Sequence[int], yields: List[List[float]], base_tokens: int, least: bool = False) -> float:
+        """A step's expected tokens per second with draft lengths ``ks`` (``least``: at the least
+        its target batch can cost)."""
+        depths = [sum(1 for x in ks if x > d) for d in range(max(ks, default=0))]
+        seconds = self.costs.step(base_tokens + sum(1 + x for x in ks), depths, least)
+        tokens = sum(y[x] for y, x in zip(yields, ks))
+        return tokens / seconds if seconds > 0 else float("inf")
 
-        def rate(ks) -> float:
-            depths = [sum(1 for x in ks if x > d) for d in range(max(ks, default=0))]
-            seconds = self.costs.step(base_tokens + sum(1 + x for x in ks), depths)
-            tokens = sum(y[x] for y, x in zip(yields, ks))
-            return tokens / seconds if seconds > 0 else float("inf")
-
+    def _best(self, yields: List[List[float]], base_tokens: int) -> List[int]:
+        """The lengths that maximize the step's rate (see :meth:`choose`); ``yields[s][x]``: slot
+        ``s``'s expected tokens with a draft of ``x`` (its cap: the list's last)."""
+        k = [0] * len(yields)
         # the slots whose drafts yield most choose first: where the batch has room for some
         # drafts only, theirs
-        order = sorted(range(len(slots)), key=lambda s: -yields[s][caps[s]])
+        order = sorted(range(len(yields)), key=lambda s: -yields[s][-1])
         for _ in range(4):  # a few rounds: each slot's best length given the others'
             changed = False
             for s in order:
-                best_k, best = k[s], rate(k)
-                for x in range(caps[s] + 1):
+                best_k, best = k[s], self._rate(k, yields, base_tokens)
+                for x in range(len(yields[s])):
                     if x == k[s]:
                         continue
                     trial = list(k)
                     trial[s] = x
-                    r = rate(trial)
+                    r = self._rate(trial, yields, base_tokens)
                     if r > best * (1 + 1e-9):
                         best_k, best = x, r
                 if best_k != k[s]:
@@ -220,7 +233,8 @@ class DraftPolicy:
                 break
         return k
 
-    def _try_one(self, k: List[int], wanted: List[int], base_tokens: int, explore: bool) -> None:
+    def _try_one(self, k: List[int], wanted: List[int], yields: List[List[float]], base_tokens: int,
+                 explore: bool) -> None:
         """An explore or fill step: one slot, in turn, drafts another length than ``k`` gives it
         (in place); the others keep the best lengths. Exploring for the engine rather than for
         every slot at once: at N slots, a step where each drafted what acceptance would was a
@@ -229,19 +243,25 @@ class DraftPolicy:
         Explore: the slot drafts what its acceptance would, where that is more than ``k``. Fill
         (only on a step without prompt tokens: each prompt chunk makes a batch size of its own,
         which timing would never end): the shortest length, up to what its acceptance would
-        draft, that makes a target batch never timed; costs between timed sizes are
-        interpolated, and a size with a cost of its own (a kernel's tile filled, say) is found
-        only by timing it."""
+        draft, that makes a target batch never timed and would beat ``k`` at the least that
+        batch can cost (no larger than the largest timed size below it, if costs grow with the
+        size); costs between timed sizes are interpolated, and a size with a cost of its own (a
+        kernel's tile filled, say) is found only by timing it, but one that could not pay even
+        so is not worth a step."""
         if not explore and base_tokens:
             return
         n = base_tokens + sum(1 + x for x in k)
+        best = self._rate(k, yields, base_tokens)
         for i in range(len(k)):
             s = (self.turn + i) % len(k)
-            if explore:
-                x = wanted[s] if wanted[s] > k[s] else None
-            else:
-                x = next((x for x in range(1, wanted[s] + 1)
-                          if x != k[s] and not self.costs.target.has(n + x - k[s])), None)
+            x = wanted[s] if explore and wanted[s] > k[s] else None
+            for length in range(1, wanted[s] + 1) if not explore else ():
+                if length != k[s] and not self.costs.target.has(n + length - k[s]):
+                    trial = list(k)
+                    trial[s] = length
+                    if self._rate(trial, yields, base_tokens, least=True) > best:
+                        x = length
+                        break
             if x is not None:
                 k[s] = x
                 self.turn = s + 1
