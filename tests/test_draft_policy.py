@@ -179,16 +179,26 @@ def test_with_measured_costs_the_choice_follows_them(full_path, reference, monke
 
 
 def test_measured_costs_are_measured_again_now_and_then():
-    # drafting does not pay by the costs measured so far; every EXPLORE-th step still drafts what
-    # acceptance alone would, so that longer batches are timed again (a change of load is seen)
+    # drafting does not pay by the costs measured so far; an explore step still drafts one token
+    # more than the best length (0 here), so that a longer batch is timed again (a change of
+    # load is seen); while every step stays plain, each explore doubles the wait for the next
     costs = StepCosts(clock=lambda: 0.0)
     for n in range(1, 8):
         costs.target.add(n, 0.01 * n)
     policy = DraftPolicy(costs)
     p = [0.9, 0.9, 0.2, 0.1, 0.1, 0.1]
-    chosen = [policy.choose([(p, CAP)])[0] for _ in range(2 * DraftPolicy.EXPLORE)]
-    assert chosen.count(2) == 2 and chosen.count(0) == len(chosen) - 2, chosen
-    assert chosen[DraftPolicy.EXPLORE - 1] == 2
+    E = DraftPolicy.EXPLORE
+    chosen = [policy.choose([(p, CAP)])[0] for _ in range(16 * E)]
+    assert [i for i, k in enumerate(chosen, start=1) if k] == [E, 3 * E, 7 * E, 15 * E], chosen
+    assert set(chosen) == {0, 1}
+    assert policy.every == DraftPolicy.EXPLORE_MAX == 16 * E
+    # where drafting pays (a cheaper target batch of 2) the best length drafts, and an explore
+    # comes every EXPLORE steps again, one token past it
+    for _ in range(20):  # a moving average: a new cost weighs in over several timings
+        costs.target.add(2, 0.011)
+    chosen = [policy.choose([(p, CAP)])[0] for _ in range(2 * E + 1)]
+    assert set(chosen) == {1, 2} and chosen.count(2) == 2, chosen
+    assert policy.every == E
     # a cost model given as functions is not measured: never explored
     fixed = DraftPolicy(FixedCosts(**CPU))
     assert {fixed.choose([(p, CAP)])[0] for _ in range(2 * DraftPolicy.EXPLORE)} == {0}
@@ -278,7 +288,7 @@ def test_with_several_slots_one_slot_in_turn_explores_and_fills():
     p = [0.9, 0.9, 0.2, 0.1, 0.1, 0.1]
     slots = [(p, CAP)] * 4
     chosen = []
-    for _ in range(2 * DraftPolicy.EXPLORE):
+    for _ in range(3 * DraftPolicy.EXPLORE):
         k = policy.choose(slots)
         costs.target.add(4 + sum(k), 0.01 * (4 + sum(k)))  # what the engine would measure
         chosen.append(k)
@@ -289,8 +299,8 @@ def test_with_several_slots_one_slot_in_turn_explores_and_fills():
     fills = [k for i, k in drafted if i % DraftPolicy.EXPLORE]
     assert [max(k) for k in fills] == [1, 2], fills  # sizes 5 and 6 timed, shortest first
     assert [k.index(max(k)) for k in fills] == [0, 1], fills  # the next slot's turn
-    explores = [k for i, k in drafted if i % DraftPolicy.EXPLORE == 0]
-    assert [max(k) for k in explores] == [2, 2] and explores[0] != explores[1], explores
+    explores = [k for i, k in drafted if i in (DraftPolicy.EXPLORE, 3 * DraftPolicy.EXPLORE)]
+    assert [max(k) for k in explores] == [1, 1] and explores[0] != explores[1], explores
     # beside a prompt chunk a fill step drafts nothing (its batch size is seen once), where a
     # step without one fills: plain steps are best either way, and an untimed size could pay
     # at the least it can cost (that of the size below it)

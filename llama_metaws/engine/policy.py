@@ -23,9 +23,11 @@ Depths given up are tried again now and then: every step each estimate drifts up
 (``AdaptiveLength.RETRY``, less after each draft in a row whose first token was rejected; the
 draft after such a miss is a one-token probe, and lengths grow by doubling), so a change of
 content is noticed cheaply; and every
-:attr:`DraftPolicy.EXPLORE` steps with measured costs one slot, in turn, drafts what acceptance
-alone would (the leading depths whose estimate is at least one half), so the costs of longer
-batches are measured again and a change of load is noticed too; and every
+:attr:`DraftPolicy.EXPLORE` steps with measured costs one slot, in turn, drafts one token more
+than its best length, where acceptance alone would (its leading depths whose estimate is at
+least one half), so the cost of a longer batch is measured again and a change of load is noticed
+too (while steps stay plain, each explore doubles the wait for the next, up to
+:attr:`DraftPolicy.EXPLORE_MAX` steps: where drafting cannot pay, exploring is all it costs); and every
 :attr:`DraftPolicy.FILL` steps without prompt tokens, while a length up to that one makes a target
 batch that was never timed and could pay at the least that batch can cost (that of the largest
 timed size below it), one slot drafts the shortest such (the costs between timed sizes are
@@ -168,8 +170,11 @@ def acceptance_length(p: Sequence[float], cap: int, keep: float = 0.5) -> int:
 class DraftPolicy:
     """Chooses each step's draft lengths (see the module docstring) from ``costs``."""
 
-    #: every this many steps with measured costs, one slot explores (drafts what acceptance would)
+    #: every this many steps with measured costs, one slot explores (drafts one token more than
+    #: its best length, where acceptance would); doubled after each explore while steps are plain
     EXPLORE = 50
+    #: the longest wait between explores
+    EXPLORE_MAX = 800
     #: and every this many, one slot drafts a length whose target batch was never timed and
     #: could pay, if any is (the shortest such, up to what acceptance alone would draft)
     FILL = 8
@@ -178,6 +183,8 @@ class DraftPolicy:
         self.costs = costs if costs is not None else StepCosts()
         self.steps = 0
         self.turn = 0  # whose turn it is to explore (see _try_one)
+        self.every = self.EXPLORE  # the wait between explores
+        self.next_explore = self.EXPLORE  # the step that explores next
 
     def choose(self, slots: Sequence[Tuple[Sequence[float], int]], base_tokens: int = 0) -> List[int]:
         """Draft lengths for the slots of the next step: each is ``(p, cap)``, its per-depth
@@ -194,7 +201,13 @@ class DraftPolicy:
         self.steps += 1
         yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
         k = self._best(yields, base_tokens)
-        explore, fill = self.steps % self.EXPLORE == 0, self.steps % self.FILL == 0
+        if any(k):  # drafting pays now: explore at the first rate again
+            self.every = self.EXPLORE
+            self.next_explore = min(self.next_explore, self.steps + self.every)
+        explore, fill = self.steps >= self.next_explore, self.steps % self.FILL == 0
+        if explore:  # while steps are plain, each explore doubles the wait for the next
+            self.every = self.every if any(k) else min(2 * self.every, self.EXPLORE_MAX)
+            self.next_explore = self.steps + self.every
         if self.costs.measured and (explore or fill):  # the acceptance lengths only when needed
             wanted = [acceptance_length(p, cap) for (p, _), cap in zip(slots, caps)]
             self._try_one(k, wanted, yields, base_tokens, explore)
@@ -240,7 +253,9 @@ class DraftPolicy:
         every slot at once: at N slots, a step where each drafted what acceptance would was a
         batch N times as long, for one more timing.
 
-        Explore: the slot drafts what its acceptance would, where that is more than ``k``. Fill
+        Explore: the slot drafts one token more than ``k`` gives it, where its acceptance would
+        (a size next to the best one timed again: if it pays now, the next explore goes one
+        further). Fill
         (only on a step without prompt tokens: each prompt chunk makes a batch size of its own,
         which timing would never end): the shortest length, up to what its acceptance would
         draft, that makes a target batch never timed and would beat ``k`` at the least that
@@ -254,7 +269,7 @@ class DraftPolicy:
         best = self._rate(k, yields, base_tokens)
         for i in range(len(k)):
             s = (self.turn + i) % len(k)
-            x = wanted[s] if explore and wanted[s] > k[s] else None
+            x = k[s] + 1 if explore and wanted[s] > k[s] else None
             for length in range(1, wanted[s] + 1) if not explore else ():
                 if length != k[s] and not self.costs.target.has(n + length - k[s]):
                     trial = list(k)
