@@ -314,10 +314,10 @@ def test_with_several_slots_one_slot_in_turn_explores_and_fills():
 
 
 def test_a_batch_size_that_could_not_pay_at_its_least_cost_is_not_timed():
-    # a CPU: each target token costs as much as a decode, and a draft decode 40% of one (a real
+    # a CPU: each target token costs about a decode, and a draft decode 40% of one (a real
     # vocabulary's output head). Timed: 1 and 2 tokens. A draft of 2 makes an untimed 3-token
-    # batch; at agreement 0.8 it could not pay even at a 2-token batch's cost, so no fill step
-    # drafts it; where every draft token is accepted it could, and is timed.
+    # batch, which costs at least what one token does; at agreement 0.5 it could not pay even
+    # so, and no fill step drafts it; where every draft token is accepted it could, and is timed.
     def policy_for():
         costs = StepCosts(clock=lambda: 0.0)
         costs.target.add(1, 0.010)
@@ -325,7 +325,21 @@ def test_a_batch_size_that_could_not_pay_at_its_least_cost_is_not_timed():
         costs.draft.add(1, 0.004)
         return DraftPolicy(costs)
 
-    for p, timed in (([0.8] * CAP, False), ([1.0] * CAP, True)):
+    for p, timed in (([0.5] * CAP, False), ([1.0] * CAP, True)):
         policy = policy_for()
         ks = [policy.choose([(p, 2)])[0] for _ in range(DraftPolicy.EXPLORE - 1)]
         assert (2 in ks) is timed and 1 not in ks, (p, ks)
+
+
+def test_the_least_a_batch_can_cost_is_the_cheapest_timed_size_below_it():
+    # a 2-token batch slower than a 3-token one (as on a CPU whose kernel tiles favour 3): the
+    # 3-token batch may still be as cheap as one token, so it is timed where that could pay
+    costs = StepCosts(clock=lambda: 0.0)
+    for n, seconds in ((1, 0.040), (2, 0.092), (4, 0.090)):
+        costs.target.add(n, seconds)
+    assert costs.target.floor(3) == costs.target.floor(2) == 0.040 and costs.target.floor(0) == 0.0
+    assert costs.target.floor(5) == 0.040 and StepCosts().target.floor(3) == 0.0
+    costs.draft.add(1, 0.010)
+    policy = DraftPolicy(costs)
+    ks = [policy.choose([([0.8] * CAP, 2)])[0] for _ in range(DraftPolicy.FILL)]
+    assert ks[-1] == 2 and costs.target.has(3) is False, ks
