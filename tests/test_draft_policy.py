@@ -343,3 +343,39 @@ def test_the_least_a_batch_can_cost_is_the_cheapest_timed_size_below_it():
     policy = DraftPolicy(costs)
     ks = [policy.choose([([0.8] * CAP, 2)])[0] for _ in range(DraftPolicy.FILL)]
     assert ks[-1] == 2 and costs.target.has(3) is False, ks
+
+
+def test_the_target_is_timed_on_steps_whose_tokens_are_all_output_rows(full_path, monkeypatch):
+    # a machine where a target decode costs little per token and much per output row (the output
+    # head over a real vocabulary): a prompt chunk of n tokens (one output row) costs far less
+    # than a verification of n tokens (n rows). The policy weighs verifications, so the curve
+    # holds their costs only: a prompt chunk's would make long drafts look cheap.
+    def target(n, outputs):
+        return 0.002 * n + 0.010 * outputs
+
+    clock = FakeClock(None)
+    real = llama_cpp.llama_decode
+    llm = Llama(full_path, draft="mtp", draft_max="auto", **KW)
+    costs = StepCosts(clock=clock)
+    llm._engine.set_costs(costs)
+    ctx = ctypes.cast(llm._ctx.ctx, ctypes.c_void_p).value
+    prompt_sizes = set()
+
+    def timed(c, batch):
+        rc = real(c, batch)
+        n = batch.n_tokens
+        outputs = sum(1 for i in range(n) if batch.logits[i])
+        if ctypes.cast(c, ctypes.c_void_p).value == ctx:
+            clock.now += target(n, outputs)
+            if outputs < n:
+                prompt_sizes.add(n)
+        return rc
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", timed)
+    try:
+        llm.create_completion(PROMPT, max_tokens=24, temperature=0.0)
+    finally:
+        llm.close()
+    assert prompt_sizes and costs.target.sizes, (prompt_sizes, costs.target.sizes)
+    for n in costs.target.sizes:
+        assert costs.target(n) == pytest.approx(target(n, n)), (n, costs.target.values, prompt_sizes)

@@ -67,7 +67,8 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
         t0 = clock()
         engine.decode_target(b, phase)
         llama_cpp.llama_synchronize(engine.target.ctx)
-        costs.target.add(b.n, clock() - t0)
+        if phase == "decoding":  # every token an output row, as in the steps the policy weighs
+            costs.target.add(b.n, clock() - t0)
 
         rows = head.target_rows(b.n) if head is not None else None
         for v in verdicts:  # before any other decode: the state_back reads this decode's snapshots

@@ -13,7 +13,10 @@ shared: drafting for one slot makes every slot's step longer.
 - **What a step costs**: :class:`StepCosts` measures, as the engine runs, the time of a target
   decode of ``n`` tokens, of the draft context's catch-up over those ``n`` tokens, and of one
   draft decode over ``m`` slots (moving averages per size, interpolated between the sizes seen,
-  extrapolated linearly beyond them).
+  extrapolated linearly beyond them). The target's are timed on steps without prompt tokens
+  only, where every token is an output row: a prompt of 7 tokens has one, and computes a
+  seventh of the output head a verification of 6 drafts does (at Qwen's vocabulary, a third of
+  a decode's weights).
 - **The choice** (:meth:`DraftPolicy.choose`): starting from no draft anywhere, each slot in
   turn, those whose drafts yield most first, takes the length (0 to its cap) that gives the
   step the most expected tokens per second given the others' lengths, until none changes; a
@@ -108,7 +111,7 @@ class StepCosts:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
-        self.target = _Curve()    # target decode of n tokens
+        self.target = _Curve()    # target decode of n tokens, each an output row
         self.catch_up = _Curve()  # the draft context's catch-up over n tokens
         self.draft = _Curve()     # one draft decode over m slots
 
@@ -256,13 +259,12 @@ class DraftPolicy:
 
         Explore: the slot drafts one token more than ``k`` gives it, where its acceptance would
         (a size next to the best one timed again: if it pays now, the next explore goes one
-        further). Fill
-        (only on a step without prompt tokens: each prompt chunk makes a batch size of its own,
-        which timing would never end): the shortest length, up to what its acceptance would
-        draft, that makes a target batch never timed and would beat ``k`` at the least that
-        batch can cost (:meth:`_Curve.floor`); costs between timed sizes are interpolated, and a size with a cost of its own (a
-        kernel's tile filled, say) is found only by timing it, but one that could not pay even
-        so is not worth a step."""
+        further). Fill (only on a step without prompt tokens: each prompt chunk makes a batch
+        size of its own, which timing would never end): the shortest length, up to what its
+        acceptance would draft, that makes a target batch never timed and would beat ``k`` at the
+        least that batch can cost (:meth:`_Curve.floor`). Costs between timed sizes are
+        interpolated, and a size with a cost of its own (a kernel's tile filled, say) is found
+        only by timing it; one that could not pay even so is not worth a step."""
         if not explore and base_tokens:
             return
         n = base_tokens + sum(1 + x for x in k)
