@@ -178,13 +178,19 @@ def test_with_measured_costs_the_choice_follows_them(full_path, reference, monke
         assert t["plain_steps_share"] > 0.8, t  # only a depth tried again now and then drafts
 
 
+def _linear_costs(n_max):
+    """Measured costs (no clock) with target batches of 1 to ``n_max`` tokens timed at 10 ms a token."""
+    costs = StepCosts(clock=lambda: 0.0)
+    for n in range(1, n_max + 1):
+        costs.target.add(n, 0.01 * n)
+    return costs
+
+
 def test_measured_costs_are_measured_again_now_and_then():
     # drafting does not pay by the costs measured so far; an explore step still drafts one token
     # more than the best length (0 here), so that a longer batch is timed again (a change of
     # load is seen); while every step stays plain, each explore doubles the wait for the next
-    costs = StepCosts(clock=lambda: 0.0)
-    for n in range(1, 8):
-        costs.target.add(n, 0.01 * n)
+    costs = _linear_costs(7)
     policy = DraftPolicy(costs)
     p = [0.9, 0.9, 0.2, 0.1, 0.1, 0.1]
     E = DraftPolicy.EXPLORE
@@ -281,9 +287,7 @@ def test_with_several_slots_one_slot_in_turn_explores_and_fills():
     # four slots whose drafts would be accepted, on a CPU where drafting does not pay: the best
     # step is plain. An explore or fill step drafts for one slot, in turn, not for all four (a
     # batch four times as long for one more timing); a fill never happens beside prompt tokens.
-    costs = StepCosts(clock=lambda: 0.0)
-    for n in range(1, 5):
-        costs.target.add(n, 0.01 * n)
+    costs = _linear_costs(4)
     policy = DraftPolicy(costs)
     p = [0.9, 0.9, 0.2, 0.1, 0.1, 0.1]
     slots = [(p, CAP)] * 4

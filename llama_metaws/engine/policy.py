@@ -25,18 +25,17 @@ shared: drafting for one slot makes every slot's step longer.
 Depths given up are tried again now and then: every step each estimate drifts up a little
 (``AdaptiveLength.RETRY``, less after each draft in a row whose first token was rejected; the
 draft after such a miss is a one-token probe, and lengths grow by doubling), so a change of
-content is noticed cheaply; and every
-:attr:`DraftPolicy.EXPLORE` steps with measured costs one slot, in turn, drafts one token more
-than its best length, where acceptance alone would (its leading depths whose estimate is at
-least one half), so the cost of a longer batch is measured again and a change of load is noticed
-too (while steps stay plain, each explore doubles the wait for the next, up to
-:attr:`DraftPolicy.EXPLORE_MAX` steps: where drafting cannot pay, exploring is all it costs); and every
-:attr:`DraftPolicy.FILL` steps without prompt tokens, while a length up to that one makes a target
-batch that was never timed and could pay at the least that batch can cost (that of the cheapest
-timed size below it), one slot drafts the shortest such (the costs between timed sizes are
-interpolated, and the best length may sit at a size of its own: a batch that fills a kernel's
-tile). The other slots of such a step keep their best lengths: the engine explores, not each
-slot at once. A cost model can be injected (tests, and a
+content is noticed cheaply; and every :attr:`DraftPolicy.EXPLORE` steps with measured costs one
+slot, in turn, drafts one token more than its best length, where acceptance alone would (its
+leading depths whose estimate is at least one half), so the cost of a longer batch is measured
+again and a change of load is noticed too (while steps stay plain, each explore doubles the wait
+for the next, up to :attr:`DraftPolicy.EXPLORE_MAX` steps: where drafting cannot pay, exploring
+is all it costs); and every :attr:`DraftPolicy.FILL` steps without prompt tokens, while a length
+up to that one makes a target batch that was never timed and could pay at the least that batch
+can cost (that of the cheapest timed size below it), one slot drafts the shortest such (the
+costs between timed sizes are interpolated, and the best length may sit at a size of its own: a
+batch that fills a kernel's tile). The other slots of such a step keep their best lengths: the
+engine explores, not each slot at once. A cost model can be injected (tests, and a
 clock: :class:`StepCosts` takes one).
 """
 
@@ -210,7 +209,8 @@ class DraftPolicy:
             self.next_explore = min(self.next_explore, self.steps + self.every)
         explore, fill = self.steps >= self.next_explore, self.steps % self.FILL == 0
         if explore:  # while steps are plain, each explore doubles the wait for the next
-            self.every = self.every if any(k) else min(2 * self.every, self.EXPLORE_MAX)
+            if not any(k):
+                self.every = min(2 * self.every, self.EXPLORE_MAX)
             self.next_explore = self.steps + self.every
         if self.costs.measured and (explore or fill):  # the acceptance lengths only when needed
             wanted = [acceptance_length(p, cap) for (p, _), cap in zip(slots, caps)]
