@@ -267,19 +267,27 @@ class DraftPolicy:
         only by timing it; one that could not pay even so is not worth a step."""
         if not explore and base_tokens:
             return
-        n = base_tokens + sum(1 + x for x in k)
-        best = self._rate(k, yields, base_tokens)
+        best = None if explore else self._rate(k, yields, base_tokens)
         for i in range(len(k)):
             s = (self.turn + i) % len(k)
-            x = k[s] + 1 if explore and wanted[s] > k[s] else None
-            for length in range(1, wanted[s] + 1) if not explore else ():
-                if length != k[s] and not self.costs.target.has(n + length - k[s]):
-                    trial = list(k)
-                    trial[s] = length
-                    if self._rate(trial, yields, base_tokens, least=True) > best:
-                        x = length
-                        break
+            if explore:
+                x = k[s] + 1 if wanted[s] > k[s] else None
+            else:
+                x = self._untimed(k, s, wanted[s], yields, base_tokens, best)
             if x is not None:
                 k[s] = x
                 self.turn = s + 1
                 return
+
+    def _untimed(self, k: List[int], s: int, wanted: int, yields: List[List[float]], base_tokens: int,
+                 best: float) -> Optional[int]:
+        """Slot ``s``'s shortest length up to ``wanted`` whose target batch (the others at ``k``)
+        was never timed and beats ``best`` at the least it can cost; None where none does."""
+        n = base_tokens + sum(1 + x for x in k)
+        for length in range(1, wanted + 1):
+            if length != k[s] and not self.costs.target.has(n + length - k[s]):
+                trial = list(k)
+                trial[s] = length
+                if self._rate(trial, yields, base_tokens, least=True) > best:
+                    return length
+        return None
