@@ -21,7 +21,7 @@ import ctypes
 import threading
 import time
 import weakref
-from typing import Callable, Deque, List, Optional
+from typing import Callable, Deque, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -212,9 +212,23 @@ class Engine:
         requests run); its result."""
         return self.exclusive(fn, idle=False)
 
-    @property
-    def exclusive_pending(self) -> bool:
-        return any(op.idle for op in self._ops)
+    def queued(self) -> Tuple[List[Request], bool]:
+        """What waits, as the engine's thread may read it: a copy of the queue, and whether an
+        exclusive call waits for the slots to go idle (new requests wait behind it). Taken under
+        the lock: :meth:`submit` and :meth:`exclusive` append from other threads, and a deque
+        iterated while another thread appends raises."""
+        with self._cv:
+            return list(self.waiting), any(op.idle for op in self._ops)
+
+    def dequeue(self, requests: Sequence[Request]) -> None:
+        """Take ``requests`` (each one queued, from :meth:`queued`) off the queue, under the lock."""
+        if not requests:
+            return
+        gone = {id(r) for r in requests}
+        with self._cv:
+            kept = [r for r in self.waiting if id(r) not in gone]
+            self.waiting.clear()
+            self.waiting.extend(kept)
 
     def busy(self) -> int:
         return sum(1 for s in self.slots if s.busy)
@@ -232,12 +246,15 @@ class Engine:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout)
-        for op in list(self._ops):
+        with self._cv:  # closed: nothing is appended any more, but take them under the lock still
+            ops, waiting = list(self._ops), list(self.waiting)
+            self._ops.clear()
+            self.waiting.clear()
+        for op in ops:
             op.error = RuntimeError("the engine is closed")
             op.done.set()
-        for r in list(self.waiting):
+        for r in waiting:
             self.drop(r)
-        self.waiting.clear()
         for s in self.slots:
             if s.request is not None:
                 self.finish(s, "cancelled")

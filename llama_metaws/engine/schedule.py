@@ -79,13 +79,14 @@ def schedule(engine) -> StepPlan:
     for slot in engine.slots:
         if slot.busy and slot.request.cancelled is not None:
             engine.finish(slot, "cancelled")
-    if any(r.cancelled is not None for r in engine.waiting):
-        for r in [r for r in engine.waiting if r.cancelled is not None]:
-            engine.waiting.remove(r)
-            engine.drop(r)
+    # other threads queue requests while this runs: read a copy, take off what leaves, in order
+    waiting, exclusive_pending = engine.queued()
+    cancelled = [r for r in waiting if r.cancelled is not None]
+    taken: List[Request] = []
     admitted = []
-    while engine.waiting and not engine.exclusive_pending:
-        r: Request = engine.waiting[0]
+    for r in ([] if exclusive_pending else waiting):
+        if r.cancelled is not None:
+            continue
         if r.wanted_slot is not None:  # llama-server's id_slot: that slot, once it is free
             wanted = engine.slots[r.wanted_slot] if r.wanted_slot < len(engine.slots) else None
             slot = wanted if wanted is not None and not wanted.busy else None
@@ -93,9 +94,12 @@ def schedule(engine) -> StepPlan:
             slot = choose_slot(engine.slots, r.prompt)
         if slot is None:
             break
-        engine.waiting.popleft()
+        taken.append(r)
         if engine.admit(slot, r):
             admitted.append(slot)
+    engine.dequeue(cancelled + taken)
+    for r in cancelled:
+        engine.drop(r)
 
     n_batch, n_out = engine.n_batch, engine.n_outputs_max
     segments: List[Segment] = []
