@@ -201,11 +201,11 @@ def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[i
                 break
             if out.finish is not None:
                 ended = out.finish
-        if not stopped and ended in ("stop", "cancelled", "shutdown"):
+        if not stopped and ended is not None:
             text = detok(completion_tokens, prev_tokens=tokens)
-            finish_reason = "stop"
-        elif not stopped and ended is not None:
-            text = detok(completion_tokens, prev_tokens=tokens)
+            # as llama-server reports it: "stop" for an end-of-generation token or a stop word
+            # only; a request cancelled (closed, shut down) keeps its default, "length"
+            finish_reason = "stop" if ended == "stop" else "length"
     finally:
         req.cancel("closed", wait=CLOSE_WAIT_S)  # the slot is free when this returns (a no-op once it ended)
     llm._ended(req)
