@@ -10,7 +10,7 @@ def _escape(value: str) -> str:
 
 
 def render(worker) -> str:
-    c = worker.counters
+    c = worker.counters.read()
     families: List[Tuple[str, str, str, list]] = [
         ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
          [("", c.prompt_tokens)]),

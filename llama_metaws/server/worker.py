@@ -163,9 +163,12 @@ def _finish_reason(chunk) -> Optional[str]:
 
 
 class Counters:
-    """What ``/metrics`` reports, updated by the worker after each request."""
+    """What ``/metrics`` reports, updated by the runners after each request. N runner threads
+    update it at once: every change and every read holds its lock (``+=`` on an attribute is a
+    read and a write, and two threads between them lose a count)."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self.prompt_tokens = 0
         self.prompt_seconds = 0.0
         self.tokens_predicted = 0
@@ -177,6 +180,31 @@ class Counters:
         self.draft_lengths: Dict[int, int] = {}  # draft length chosen -> steps (0: plain)
         self.engine: Dict[str, int] = {}          # Llama.engine_stats()
         self.workspace: List = []
+
+    def add_request(self, timings: dict) -> None:
+        """One request that ran, with its ``timings`` (:func:`response_timings`)."""
+        with self._lock:
+            self.requests += 1
+            self.prompt_tokens += timings["prompt_n"]
+            self.prompt_seconds += timings["prompt_ms"] / 1e3
+            self.tokens_predicted += timings["predicted_n"]
+            self.tokens_predicted_seconds += timings["predicted_ms"] / 1e3
+
+    def set_snapshot(self, **values) -> None:
+        """Replace the figures read from the model (draft totals, lengths, engine, workspace)."""
+        with self._lock:
+            for name, value in values.items():
+                getattr(self, name)  # only declared figures
+                setattr(self, name, value)
+
+    def read(self) -> "Counters":
+        """A consistent copy, for ``/metrics``."""
+        copy = Counters()
+        with self._lock:
+            for name, value in vars(self).items():
+                if name != "_lock":
+                    setattr(copy, name, value)
+        return copy
 
 
 def response_timings(llm) -> dict:
@@ -428,21 +456,15 @@ class ModelWorker:
         if not job.sampled:
             return None
         t = response_timings(self.llm)
-        c = self.counters
-        c.requests += 1
-        c.prompt_tokens += t["prompt_n"]
-        c.prompt_seconds += t["prompt_ms"] / 1e3
-        c.tokens_predicted += t["predicted_n"]
-        c.tokens_predicted_seconds += t["predicted_ms"] / 1e3
+        self.counters.add_request(t)
         self._snapshot()
         return t
 
     def _snapshot(self) -> None:
         """Draft totals, the draft lengths chosen and workspace entries (read on the engine's
         thread between two steps)."""
-        c, total = self.counters, self.llm.draft_stats.total
-        c.drafts, c.draft_tokens, c.draft_accepted = total.steps, total.drafted, total.accepted
-        c.draft_lengths = dict(self.llm.draft_lengths())
-        c.engine = self.llm.engine_stats()
-        c.workspace = list(self.llm.workspace_stats())
+        total = self.llm.draft_stats.total
+        self.counters.set_snapshot(drafts=total.steps, draft_tokens=total.drafted, draft_accepted=total.accepted,
+                                   draft_lengths=dict(self.llm.draft_lengths()), engine=self.llm.engine_stats(),
+                                   workspace=list(self.llm.workspace_stats()))
 
