@@ -1,0 +1,83 @@
+"""llama-server's own routes (:mod:`..llama_api` answers them): ``POST /completion`` (and
+``/completions``, as llama-server routes it), ``/tokenize``, ``/detokenize``,
+``/apply-template``, ``GET /props``, ``GET /slots`` and ``POST /slots/{id}``, ``GET /health``
+(also ``/v1/health``), ``GET /metrics`` (with ``--metrics``)."""
+
+from __future__ import annotations
+
+from typing import List
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from .. import llama_api
+from .. import metrics as _metrics
+from ..errors import LLAMA, RequestError, unavailable
+from ..serving import JSON, Serving
+
+DIALECT = LLAMA
+
+
+def routes(serving: Serving) -> List[Route]:
+    worker, model = serving.worker, serving.model
+
+    async def completion(request: Request):
+        plan, options = await serving.check(llama_api.completion, await serving.body_of(request), model)
+        responder = llama_api.Responder(plan, options, model)
+        if options.n_predict_zero:
+            return JSON(responder.zero())
+        return await serving.run(request, plan, responder)
+
+    def checked(fn):
+        """A route answered by ``fn(body, model)``, run off the event loop."""
+        async def route(request: Request):
+            return JSON(await serving.check(fn, await serving.body_of(request), model))
+        return route
+
+    async def health(request: Request):
+        if worker.unavailable is not None:
+            raise unavailable(worker.unavailable)
+        return JSON({"status": "ok"})
+
+    async def props(request: Request):
+        serving.authorize(request)
+        return JSON(llama_api.props(model, total_slots=worker.n_parallel, slots_endpoint=serving.slots,
+                                    metrics=serving.metrics, model_path=serving.model_path,
+                                    build_info=serving.build_info))
+
+    async def slots(request: Request):
+        serving.authorize(request)
+        if not serving.slots:
+            raise RequestError(501, "This server does not support slots endpoint. Start it with `--slots`",
+                               type="not_supported_error", code="slots_disabled")
+        states = [dict(s, n_ctx=model.n_ctx) for s in worker.slots()]
+        if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in states):
+            raise RequestError(503, "no slot available", type="server_error", code="no_slot_available")
+        return JSON(states)
+
+    async def slot_action(request: Request):
+        serving.authorize(request)
+        raise RequestError(501, "This server does not support slots action (it has no --slot-save-path)",
+                           type="not_supported_error", code="slot_actions_unsupported")
+
+    async def metrics(request: Request):
+        serving.authorize(request)
+        if not serving.metrics:
+            raise RequestError(501, "this server does not serve metrics: start it with --metrics",
+                               type="not_supported_error", code="metrics_disabled")
+        return PlainTextResponse(_metrics.render(worker), media_type="text/plain; version=0.0.4")
+
+    return [
+        Route("/completion", completion, methods=["POST"]),
+        Route("/completions", completion, methods=["POST"]),
+        Route("/tokenize", checked(llama_api.tokenize), methods=["POST"]),
+        Route("/detokenize", checked(llama_api.detokenize), methods=["POST"]),
+        Route("/apply-template", checked(llama_api.apply_template), methods=["POST"]),
+        Route("/props", props, methods=["GET"]),
+        Route("/slots", slots, methods=["GET"]),
+        Route("/slots/{id_slot}", slot_action, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]

@@ -1,0 +1,41 @@
+"""OpenAI's routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (also
+``/chat/completions``), ``GET /v1/models`` (also ``/models``)."""
+
+from __future__ import annotations
+
+from typing import List
+
+from starlette.requests import Request
+from starlette.routing import Route
+
+from .. import openai_api
+from .. import requests as _requests
+from ..errors import OPENAI
+from ..serving import JSON, Serving
+
+DIALECT = OPENAI
+
+
+def routes(serving: Serving) -> List[Route]:
+    model = serving.model
+
+    async def completions(request: Request):
+        plan = await serving.check(_requests.completion, await serving.body_of(request), model)
+        return await serving.run(request, plan, openai_api.Responder(plan))
+
+    async def chat_completions(request: Request):
+        plan = await serving.check(_requests.chat, await serving.body_of(request), model)
+        return await serving.run(request, plan, openai_api.Responder(plan))
+
+    async def models(request: Request):
+        serving.authorize(request)
+        return JSON({"object": "list", "data": [
+            {"id": model.alias, "object": "model", "created": serving.created, "owned_by": "llama-metaws"}]})
+
+    return [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/models", models, methods=["GET"]),
+    ]
