@@ -194,6 +194,7 @@ def app_client(plain_model):
     worker = ModelWorker(llm, queue_size=4)
     app = create_app(worker, ModelAccess(llm, template, alias="m"), slots=False, max_body_size=1000)
     with TestClient(app) as client:
+        client.worker, client.llm = worker, llm
         yield client
     worker.close(timeout=10)
     llm.close()
@@ -215,7 +216,10 @@ def test_prompts_are_tokenized_off_the_models_thread(app_client, monkeypatch):
                        ("/completion", {"prompt": PROMPT, "n_predict": 2})):
         r = app_client.post(path, json=body)
         assert r.status_code == 200, r.text
-    assert threads and "llama-metaws-model" not in threads, threads
+    # the threads that must not tokenize, by the names they run under: the runners and the engine's
+    model_threads = {t.name for t in app_client.worker._threads} | {app_client.llm._engine._thread.name}
+    assert len(model_threads) == app_client.worker.n_parallel + 1, model_threads
+    assert threads and not model_threads & set(threads), (threads, model_threads)
 
 
 def test_no_slots_and_the_body_limit_in_llama_servers_shape(app_client):
@@ -223,6 +227,29 @@ def test_no_slots_and_the_body_limit_in_llama_servers_shape(app_client):
     assert r.status_code == 501 and llama_error(r.json(), 501)["type"] == "not_supported_error"
     r = app_client.post("/completion", content=b'{"prompt": "' + b"y" * 2000 + b'"}')
     assert r.status_code == 413 and llama_error(r.json(), 413)["message"].startswith("the request body is larger")
+
+
+def test_a_500_names_no_python_detail_and_the_log_has_it(app_client, monkeypatch, caplog):
+    from starlette.testclient import TestClient
+
+    from llama_metaws.server import llama_api
+
+    secret = "a detail of this server's code: /srv/secret/path.py"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError(secret)
+
+    monkeypatch.setattr(llama_api, "props", broken)
+    client = TestClient(app_client.app, raise_server_exceptions=False)
+    with caplog.at_level("ERROR", logger="llama_metaws.server"):
+        r = client.get("/props")
+    assert r.status_code == 500, r.text
+    error = llama_error(r.json(), 500)
+    assert error["type"] == "server_error" and "see its log" in error["message"]
+    assert secret not in r.text and "RuntimeError" not in r.text and "Traceback" not in r.text
+    assert any(secret in (rec.exc_text or "") or (rec.exc_info and secret in str(rec.exc_info[1]))
+               for rec in caplog.records), caplog.records
+    assert app_client.get("/health").status_code == 200  # and the server goes on
 
 
 # --- a lost RPC server ------------------------------------------------------------------------
