@@ -161,6 +161,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", metavar="JINJA_TEMPLATE",
                    help="the chat template: Jinja text, or chatml or llama3 (default: the model's)")
     p.add_argument("--chat-template-file", metavar="FILE", help="the chat template's Jinja text from a file")
+    p.add_argument("--spm-infill", action="store_true",
+                   help="/infill: the suffix before the prefix (Suffix/Prefix/Middle), for models that "
+                   "were trained so")
     p.add_argument("--slots", dest="slots", action="store_true", default=True,
                    help="serve GET /slots (the default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve GET /slots")

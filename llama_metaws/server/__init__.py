@@ -58,7 +58,8 @@ def serve(args: argparse.Namespace) -> int:
     if template is not None:  # chats render as /apply-template shows them (see .chat)
         llm.chat_handler = template.handler
     alias = args.alias or Path(args.model).name
-    model = ModelAccess(llm, template, alias=alias, temperature=args.temp, n_predict=args.n_predict)
+    model = ModelAccess(llm, template, alias=alias, temperature=args.temp, n_predict=args.n_predict,
+                        spm_infill=args.spm_infill)
     worker = ModelWorker(llm, queue_size=args.queue_size)
     app = create_app(worker, model, api_key=args.api_key, metrics=args.metrics, slots=args.slots,
                      max_body_size=args.max_body_size, model_path=args.model,
