@@ -15,6 +15,16 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from .native import build, manifest, tools_build
 
     try:
+        bundled = _bundled_build(build, manifest)
+        if bundled is not None and not (args.force or args.tools):
+            if bundled.root.name == build.BuildInputs.collect().key():
+                print(f"llama-metaws: this installation carries build {bundled.root.name} "
+                      f"({bundled.root}), made when it was installed: nothing to build", file=sys.stderr)
+                print(bundled.root)
+                return 0
+            print(f"llama-metaws: the installed package carries build {bundled.root.name}; these "
+                  "inputs (CMAKE_ARGS) make another, built into the cache and used from now on",
+                  file=sys.stderr)
         b = build.build(force=args.force)
         tools = None
         if args.tools:
@@ -28,6 +38,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
         for path in (tools_build.find_tools() or {}).values():
             print(path)
     return 0
+
+
+def _bundled_build(build, manifest):
+    """The build ``pip install`` bundled into this installed package, while the manifest names it."""
+    try:
+        b = manifest.read_manifest()
+    except build.BuildError:
+        return None
+    return b if b.bundled else None
 
 
 def _print_devices() -> None:
