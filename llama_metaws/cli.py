@@ -219,8 +219,10 @@ def make_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="fetch, patch and build llama.cpp and the cffi shim (cached)",
                        description="Fetch the pinned llama-cpp-python sdist, apply patches/series, "
-                       "build with CMake (CMAKE_ARGS passed through) and the cffi shim. An unchanged "
-                       "set of inputs returns at once.")
+                       "build with CMake (CMAKE_ARGS passed through; the binding's -DLLAMA_BUILD and "
+                       "-DLLAVA_BUILD left out) and the cffi shim. An unchanged set of inputs returns at "
+                       "once; a package installed from the sdist carries the build pip made, and other "
+                       "CMAKE_ARGS build into the cache, used from then on.")
     b.add_argument("--force", action="store_true", help="rebuild even when the build is cached")
     b.add_argument("--tools", action="store_true",
                    help="also build llama.cpp's llama-speculative-simple, llama-bench, llama-server "

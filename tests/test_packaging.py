@@ -198,3 +198,11 @@ def test_the_long_step_is_announced_on_the_terminal_when_pip_hides_stderr():
         out += chunk
     os.waitpid(pid, 0)
     assert b"llama-metaws: a long step" in out
+
+
+def test_a_machine_without_git_gets_a_clear_build_error(tmp_path, monkeypatch):
+    """The patch step runs `git apply`: pip's build on a machine without git says so."""
+    (tmp_path / "src").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(build.BuildError, match="git not found"):
+        build.apply_patches(tmp_path / "src", build.read_series(ROOT / "patches")[:1], lambda line: None)

@@ -422,10 +422,14 @@ def apply_patches(src: Path, patches: Iterable[Path], progress: Progress) -> Non
     env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(src.parent))
     for patch in patches:
         progress(f"  applying {patch.name}")
-        res = subprocess.run(
-            ["git", "apply", "--whitespace=nowarn", str(patch)],
-            cwd=src, capture_output=True, text=True, env=env,
-        )
+        try:
+            res = subprocess.run(
+                ["git", "apply", "--whitespace=nowarn", str(patch)],
+                cwd=src, capture_output=True, text=True, env=env,
+            )
+        except FileNotFoundError:
+            raise BuildError("patch step: git not found (the patches are applied with `git apply`): "
+                             "install git") from None
         if res.returncode != 0:
             raise BuildError(f"patch step: {patch.name} does not apply:\n{res.stderr.strip()}")
 
