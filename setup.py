@@ -8,6 +8,7 @@ install -e .``, the Makefile's) builds nothing here: ``llama-metaws build`` does
 loaded from this tree without importing the package, whose ``__init__`` needs the binding.
 """
 
+import functools
 import importlib.util
 import sys
 import types
@@ -20,6 +21,7 @@ from setuptools.dist import Distribution
 HERE = Path(__file__).resolve().parent
 
 
+@functools.lru_cache(maxsize=None)
 def _package_module():
     """``llama_metaws.native.package`` (with its ``build`` and ``manifest``) from this tree,
     under a private package name: the real package's ``__init__`` is never run."""

@@ -33,6 +33,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
     except build.BuildError as e:
         print(f"llama-metaws build: {e}", file=sys.stderr)
         return 1
+    except PermissionError as e:  # an installed package in a read-only site-packages
+        print(f"llama-metaws build: cannot write the run-time manifest ({e}): set "
+              f"{manifest.MANIFEST_ENV} to a writable file, here and where the package runs", file=sys.stderr)
+        return 1
     print(b.root)
     if args.tools:
         for path in (tools_build.find_tools() or {}).values():
