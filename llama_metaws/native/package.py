@@ -136,7 +136,7 @@ def stage_wheel(build_lib: Path, progress: _build.Progress = _build._stderr_prog
     if _build.find_build(inputs) is None:
         announce("llama-metaws: compiling the patched llama.cpp and the cffi shim (build "
                  f"{inputs.key()}, CMAKE_ARGS: {' '.join(inputs.cmake_args) or 'none, the CPU'}): "
-                 "this takes several minutes (about 5 on 2 cores for the CPU, longer for CUDA); "
+                 "this takes minutes (17 for the CPU on 2 busy cores here, longer for CUDA); "
                  "`pip install -v` shows its progress")
     else:
         progress(f"llama-metaws: native build {inputs.key()} found in the cache")
