@@ -152,13 +152,8 @@ BINDING_ONLY_CMAKE_OPTIONS = ("LLAMA_BUILD", "LLAVA_BUILD")
 
 def own_cmake_args(text: str) -> List[str]:
     """``CMAKE_ARGS`` as our build takes it: split like a shell, the binding's options left out."""
-    out = []
-    for arg in shlex.split(text):
-        m = re.match(r"-D([A-Za-z_][A-Za-z0-9_]*)(:[A-Za-z]+)?=", arg)
-        if m and m.group(1) in BINDING_ONLY_CMAKE_OPTIONS:
-            continue
-        out.append(arg)
-    return out
+    pat = re.compile(r"-D(%s)(:[A-Za-z]+)?=" % "|".join(BINDING_ONLY_CMAKE_OPTIONS))
+    return [arg for arg in shlex.split(text) if not pat.match(arg)]
 
 
 def compiler_identity() -> str:
@@ -423,10 +418,8 @@ def apply_patches(src: Path, patches: Iterable[Path], progress: Progress) -> Non
     for patch in patches:
         progress(f"  applying {patch.name}")
         try:
-            res = subprocess.run(
-                ["git", "apply", "--whitespace=nowarn", str(patch)],
-                cwd=src, capture_output=True, text=True, env=env,
-            )
+            res = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch)],
+                                 cwd=src, capture_output=True, text=True, env=env)
         except FileNotFoundError:
             raise BuildError("patch step: git not found (the patches are applied with `git apply`): "
                              "install git") from None
