@@ -44,6 +44,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.queue_size < 0:
         print(f"llama-metaws serve: --queue-size must be >= 0, got {args.queue_size}", file=sys.stderr)
         return 2
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        print(f"llama-metaws serve: --slot-save-path {args.slot_save_path}: not a directory", file=sys.stderr)
+        return 2
     try:
         llm = ServedLlama(args.model, **llama_kwargs(args))
     except ValueError as e:
@@ -63,7 +66,7 @@ def serve(args: argparse.Namespace) -> int:
     worker = ModelWorker(llm, queue_size=args.queue_size)
     app = create_app(worker, model, api_key=args.api_key, metrics=args.metrics, slots=args.slots,
                      max_body_size=args.max_body_size, model_path=args.model,
-                     build_info=f"llama-metaws {system_fingerprint()}")
+                     build_info=f"llama-metaws {system_fingerprint()}", slot_save_path=args.slot_save_path)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # SIGTERM, SIGINT: cancel the request in flight too

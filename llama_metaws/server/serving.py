@@ -81,8 +81,9 @@ class Serving:
 
     def __init__(self, worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: Optional[str] = None,
                  metrics: bool = False, slots: bool = True, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
-                 model_path: str = "", build_info: str = "") -> None:
+                 model_path: str = "", build_info: str = "", slot_save_path: Optional[str] = None) -> None:
         self.worker, self.model = worker, model
+        self.slot_save_path = slot_save_path  # --slot-save-path: POST /slots/{id} saves and restores there
         self.metrics, self.slots, self.max_body_size = metrics, slots, max_body_size
         self.model_path, self.build_info = model_path, build_info
         self.created = int(time.time())
