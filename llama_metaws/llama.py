@@ -41,6 +41,7 @@ import ctypes
 import os
 import random
 import threading
+import time
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
@@ -51,6 +52,7 @@ from .engine import checkpoints as _ckpt
 from .engine import contexts as _contexts
 from .engine import devices as _devices
 from .engine import rpc as _rpc
+from .engine import prior as _prior
 from .engine import sampling as _sampling
 from .engine.contexts import split_mode_value
 from .engine.core import Engine
@@ -198,6 +200,7 @@ class Llama(llama_cpp.Llama):
         ctx_checkpoints_bytes: int = _ckpt.DEFAULT_CHECKPOINT_BYTES,
         **kwargs,
     ):
+        t_load = time.perf_counter()
         self._engine: Optional[Engine] = None
         self._draft_ctx = None
         self._workspace: Optional[Workspace] = None
@@ -312,6 +315,24 @@ class Llama(llama_cpp.Llama):
             self._engine.workspace = self._workspace
             self._stack.callback(self._workspace.close)  # before the engine stops (LIFO)
         self._rpc.check(self._ctx.ctx)  # the weights reached every server
+        if adaptive and draft == "mtp":  # the costs the policy starts from (engine.prior)
+            key = _prior.cost_key(model_path, self._cost_options(), dict(
+                devices=list(devices or []), rpc=bool(self._rpc), tensor_split=list(tensor_split or []),
+                workspace=[phase_aware_workspace, workspace_mode], draft_p_min=float(draft_p_min)))
+            self._engine.calibrate(key, load_s=time.perf_counter() - t_load)
+
+    def _cost_options(self) -> dict:
+        """The context's and the model's options that change what a decode costs (a saved cost
+        curve's key, engine.prior)."""
+        out = {}
+        for params, names in ((self.context_params, ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads",
+                                                      "n_threads_batch", "flash_attn_type", "type_k", "type_v",
+                                                      "offload_kqv", "kv_unified", "swa_full", "n_rs_seq")),
+                              (self.model_params, ("n_gpu_layers", "split_mode", "main_gpu", "use_mmap"))):
+            for name in names:
+                value = getattr(params, name, None)
+                out[name] = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+        return out
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")
@@ -542,11 +563,14 @@ class Llama(llama_cpp.Llama):
         return out
 
     def engine_stats(self) -> dict:
-        """The engine's steps so far, the target's and the draft's graphs (ubatches) over them, and
-        the most slots busy in one step."""
+        """The engine's steps so far, the target's and the draft's graphs (ubatches) over them, the
+        most slots busy in one step, and with ``draft_max="auto"`` the cost prior it started from
+        (``cost_prior``, :meth:`engine.prior.CostPrior.describe`: where it came from, the time it
+        took at load and its share of the load, the milliseconds per size; None otherwise)."""
         e = self._engine
         return {"steps": e.steps, "graphs_target": e.graphs_target, "graphs_draft": e.graphs_draft,
-                "slots": len(e.slots), "slots_busy_max": e.peak_busy}
+                "slots": len(e.slots), "slots_busy_max": e.peak_busy,
+                "cost_prior": e.prior.describe() if e.prior is not None else None}
 
     def draft_lengths(self) -> dict:
         """The draft lengths the engine's steps asked for since the model loaded (0: a plain

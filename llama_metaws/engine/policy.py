@@ -10,13 +10,17 @@ shared: drafting for one slot makes every slot's step longer.
   the ``d``-th draft token is accepted once the ones before it were (a moving average of the
   verdicts, :class:`~.drafting.AdaptiveLength`). A draft of ``k`` tokens yields
   ``1 + p_1 + p_1 p_2 + ... + p_1 ... p_k`` tokens on average.
-- **What a step costs**: :class:`StepCosts` measures, as the engine runs, the time of a target
-  decode of ``n`` tokens, of the draft context's catch-up over those ``n`` tokens, and of one
-  draft decode over ``m`` slots (moving averages per size, interpolated between the sizes seen,
-  extrapolated linearly beyond them). The target's are timed on steps without prompt tokens
-  only, where every token is an output row: a prompt of 7 tokens has one, and computes a
-  seventh of the output head a verification of 6 drafts does (at Qwen's vocabulary, a third of
-  a decode's weights).
+- **What a step costs**: :class:`StepCosts` holds the time of a target decode of ``n`` tokens,
+  of the draft context's catch-up over those ``n`` tokens, and of one draft decode over ``m``
+  slots (moving averages per size, interpolated between the sizes seen, extrapolated linearly
+  beyond them). They start from a prior the engine measures at load (:mod:`.prior`: batches of
+  1 to ``cap + 1`` tokens, or a curve saved by an earlier run), and the engine goes on measuring
+  as it runs. The target's are timed on steps without prompt tokens only, where every token is
+  an output row: a prompt of 7 tokens has one, and computes a seventh of the output head a
+  verification of 6 drafts does (at Qwen's vocabulary, a third of a decode's weights). The
+  clock is the engine thread's own CPU time (:func:`engine_clock`), not the wall: the HTTP,
+  tokenizer and client threads sharing the cores stretch a step's wall time by about the same
+  amount whatever its size, which made a plain 1-token step look dearer, per token, than it is.
 - **The choice** (:meth:`DraftPolicy.choose`): starting from no draft anywhere, each slot in
   turn, those whose drafts yield most first, takes the length (0 to its cap) that gives the
   step the most expected tokens per second given the others' lengths, until none changes; a
@@ -43,9 +47,19 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["StepCosts", "FixedCosts", "DraftPolicy", "acceptance_length", "expected_tokens"]
+__all__ = ["StepCosts", "FixedCosts", "DraftPolicy", "acceptance_length", "expected_tokens", "engine_clock"]
+
+
+def engine_clock() -> float:
+    """The calling thread's CPU time in seconds (``time.thread_time``), the clock of the steps'
+    costs: the time the engine's thread computed (or spun waiting for a device, or for ggml's
+    worker threads), without the time other threads held the cores or the GIL. Read through the
+    ``time`` module at each call (a test's fake machine replaces it there). A device whose
+    synchronization sleeps instead of spinning would hide its time from this clock; give the
+    engine ``StepCosts(clock=time.perf_counter)`` there."""
+    return time.thread_time()
 
 
 def expected_tokens(p: Sequence[float], k: int) -> float:
@@ -75,6 +89,12 @@ class _Curve:
         else:
             bisect.insort(self.sizes, size)
             self.values[size] = seconds
+
+    def seed(self, values: Mapping[int, float]) -> None:
+        """Start from ``values`` (size -> seconds, a prior): they replace what the curve holds."""
+        self.sizes, self.values = [], {}
+        for size, seconds in values.items():
+            self.add(int(size), float(seconds))
 
     @property
     def known(self) -> bool:
@@ -106,9 +126,10 @@ class _Curve:
 
 
 class StepCosts:
-    """The costs the engine measures as it runs (see the module docstring); ``clock``: seconds."""
+    """The costs the engine measures as it runs (see the module docstring); ``clock``: seconds of
+    the engine thread's own time (:func:`engine_clock`)."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = engine_clock) -> None:
         self.clock = clock
         self.target = _Curve()    # target decode of n tokens, each an output row
         self.catch_up = _Curve()  # the draft context's catch-up over n tokens
