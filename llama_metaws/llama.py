@@ -13,8 +13,10 @@ New keyword arguments (llama.cpp's option names):
 
 - ``draft="mtp"`` drafts with the model's NextN layers (``None``, the default: no drafting);
   ``draft_max`` (3) tokens per step at most (``"auto"``: a length chosen per step and slot
-  for the most tokens per second, from each depth's recent acceptance and the step costs
-  measured as the engine runs, see :mod:`llama_metaws.engine.policy`),
+  for the most tokens per second, from each depth's recent acceptance and the step costs:
+  measured at load, or a curve saved by an earlier load and checked
+  (:mod:`llama_metaws.engine.prior`), then as the engine runs, see
+  :mod:`llama_metaws.engine.policy`),
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
   the binding's ``draft_model`` (prompt lookup, ...) drafts on the engine too;
 - ``devices=["CPU", "CUDA0", ...]``: device names as llama.cpp prints them; the same CPU device
@@ -316,23 +318,10 @@ class Llama(llama_cpp.Llama):
             self._stack.callback(self._workspace.close)  # before the engine stops (LIFO)
         self._rpc.check(self._ctx.ctx)  # the weights reached every server
         if adaptive and draft == "mtp":  # the costs the policy starts from (engine.prior)
-            key = _prior.cost_key(model_path, self._cost_options(), dict(
+            key = _prior.cost_key(model_path, _prior.cost_options(self.context_params, self.model_params), dict(
                 devices=list(devices or []), rpc=bool(self._rpc), tensor_split=list(tensor_split or []),
                 workspace=[phase_aware_workspace, workspace_mode], draft_p_min=float(draft_p_min)))
             self._engine.calibrate(key, load_s=time.perf_counter() - t_load)
-
-    def _cost_options(self) -> dict:
-        """The context's and the model's options that change what a decode costs (a saved cost
-        curve's key, engine.prior)."""
-        out = {}
-        for params, names in ((self.context_params, ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads",
-                                                      "n_threads_batch", "flash_attn_type", "type_k", "type_v",
-                                                      "offload_kqv", "kv_unified", "swa_full", "n_rs_seq")),
-                              (self.model_params, ("n_gpu_layers", "split_mode", "main_gpu", "use_mmap"))):
-            for name in names:
-                value = getattr(params, name, None)
-                out[name] = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
-        return out
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")

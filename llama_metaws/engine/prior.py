@@ -38,7 +38,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..native.binding import llama_cpp
 
-__all__ = ["CostPrior", "calibrate", "cost_key", "costs_dir", "COSTS_ENV", "DRIFT", "REPS", "BUDGET_SHARE"]
+__all__ = ["CostPrior", "calibrate", "cost_key", "cost_options", "costs_dir", "COSTS_ENV", "DRIFT", "REPS", "BUDGET_SHARE"]
 
 #: ``LLAMA_METAWS_COSTS``: the folder of the saved curves (``off``: none read or saved)
 COSTS_ENV = "LLAMA_METAWS_COSTS"
@@ -72,6 +72,23 @@ def _build_key() -> Optional[str]:
         return None
     shim = b.shim.parent.name if b.shim is not None else None
     return f"{b.root.name}/{shim}"
+
+
+#: the context's and the model's fields that change what a decode costs (a curve's key)
+CONTEXT_FIELDS = ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads", "n_threads_batch", "flash_attn_type",
+                  "type_k", "type_v", "offload_kqv", "kv_unified", "swa_full", "n_rs_seq")
+MODEL_FIELDS = ("n_gpu_layers", "split_mode", "main_gpu", "use_mmap")
+
+
+def cost_options(context_params, model_params) -> dict:
+    """:data:`CONTEXT_FIELDS` of ``context_params`` and :data:`MODEL_FIELDS` of ``model_params``
+    (the binding's structs), as plain values."""
+    out = {}
+    for params, names in ((context_params, CONTEXT_FIELDS), (model_params, MODEL_FIELDS)):
+        for name in names:
+            value = getattr(params, name, None)
+            out[name] = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+    return out
 
 
 def cost_key(model_path: str, context: dict, extra: Optional[dict] = None) -> dict:
