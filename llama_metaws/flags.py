@@ -63,7 +63,6 @@ class _Refused(argparse.Action):
 REFUSED_SERVER_FLAGS = {
     ("--no-jinja",): "this server renders chat templates with Jinja only (the model's, or --chat-template's)",
     ("--props",): "POST /props changes nothing here: GET /props is always served",
-    ("--slot-save-path",): "slots cannot be saved or restored here",
     ("--lora", "--lora-scaled", "--control-vector"): "adapters are not supported by llama-metaws serve",
     ("--mmproj", "-mm"): "no multimodal projector: this server serves text models",
     ("--embedding", "--embeddings", "--reranking", "--rerank"): "this server generates text; it has no "
@@ -162,6 +161,12 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", metavar="JINJA_TEMPLATE",
                    help="the chat template: Jinja text, or chatml or llama3 (default: the model's)")
     p.add_argument("--chat-template-file", metavar="FILE", help="the chat template's Jinja text from a file")
+    p.add_argument("--slot-save-path", metavar="DIR",
+                   help="serve POST /slots/{id}?action=save|restore|erase, the files in DIR (the whole "
+                   "slot: the target's and the draft's sequences, the checkpoints)")
+    p.add_argument("--spm-infill", action="store_true",
+                   help="/infill: the suffix before the prefix (Suffix/Prefix/Middle), for models that "
+                   "were trained so")
     p.add_argument("--slots", dest="slots", action="store_true", default=True,
                    help="serve GET /slots (the default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve GET /slots")

@@ -44,7 +44,7 @@ import os
 import random
 import threading
 import time
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -56,6 +56,7 @@ from .engine import devices as _devices
 from .engine import rpc as _rpc
 from .engine import prior as _prior
 from .engine import sampling as _sampling
+from .engine import slot_files
 from .engine.contexts import split_mode_value
 from .engine.core import Engine
 from .engine.drafting import AdaptiveLength
@@ -320,7 +321,7 @@ class Llama(llama_cpp.Llama):
         if adaptive and draft == "mtp":  # the costs the policy starts from (engine.prior)
             key = _prior.cost_key(model_path, _prior.cost_options(self.context_params, self.model_params), dict(
                 devices=list(devices or []), rpc=bool(self._rpc), tensor_split=list(tensor_split or []),
-                workspace=[phase_aware_workspace, workspace_mode], draft_p_min=float(draft_p_min)))
+                workspace=[phase_aware_workspace, workspace_mode]))
             self._engine.calibrate(key, load_s=time.perf_counter() - t_load)
 
     # the binding assigns these once, in __init__, before it loads the model / the context
@@ -553,9 +554,8 @@ class Llama(llama_cpp.Llama):
 
     def engine_stats(self) -> dict:
         """The engine's steps so far, the target's and the draft's graphs (ubatches) over them, the
-        most slots busy in one step, and with ``draft_max="auto"`` the cost prior it started from
-        (``cost_prior``, :meth:`engine.prior.CostPrior.describe`: where it came from, the time it
-        took at load and its share of the load, the milliseconds per size; None otherwise)."""
+        most slots busy in one step, and ``cost_prior``: draft_max="auto"'s (else None, see
+        :meth:`engine.prior.CostPrior.describe`)."""
         e = self._engine
         return {"steps": e.steps, "graphs_target": e.graphs_target, "graphs_draft": e.graphs_draft,
                 "slots": len(e.slots), "slots_busy_max": e.peak_busy,
@@ -569,6 +569,33 @@ class Llama(llama_cpp.Llama):
     def slots(self) -> list:
         """Each slot's state (llama-server's ``GET /slots`` fields)."""
         return self._engine.slot_states()
+
+    # llama-server's slot actions: each runs on the engine's thread once no request runs ---------
+
+    def _slot(self, id_slot: int):
+        e = self._engine
+        if isinstance(id_slot, bool) or not isinstance(id_slot, int) or not 0 <= id_slot < len(e.slots):
+            raise ValueError(f"no slot {id_slot!r}: this model has slots 0 to {len(e.slots) - 1}")
+        return e.slots[id_slot]
+
+    def save_slot(self, id_slot: int, path: str) -> Tuple[int, int]:
+        """Write slot ``id_slot`` (its sequence in the target and the draft context, the rows the
+        draft pairs with, its checkpoints: :mod:`.engine.slot_files`) to ``path``; (tokens saved,
+        bytes written)."""
+        slot = self._slot(id_slot)
+        return self._engine.exclusive(lambda: slot_files.save(self._engine, slot, str(path)))
+
+    def restore_slot(self, id_slot: int, path: str) -> Tuple[int, int]:
+        """Put a slot saved by :meth:`save_slot` (from any slot of the same model, with drafting
+        as here) into slot ``id_slot``; (tokens restored, bytes read). A ``ValueError`` for a file
+        this model cannot take, the slot then empty."""
+        slot = self._slot(id_slot)
+        return self._engine.exclusive(lambda: slot_files.restore(self._engine, slot, str(path)))
+
+    def erase_slot(self, id_slot: int) -> int:
+        """Empty slot ``id_slot``; the tokens it held."""
+        slot = self._slot(id_slot)
+        return self._engine.exclusive(lambda: slot_files.erase(self._engine, slot))
 
     def timings(self) -> dict:
         """The figures of the completion this thread ran last (else of the request that ended last).

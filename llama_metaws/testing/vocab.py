@@ -9,13 +9,21 @@ needs any other character (JSON's ``{``) has no token to continue with.
 byte token, a few JSON pieces and filler words, and ``</s>`` last (the end-of-generation token,
 as in every tiny model). Any printable text tokenizes and any JSON can be generated: for tests
 of grammars, ``response_format`` and tool calls.
+
+``"fim"``: ``"chars"`` with Qwen2.5-Coder's six fill-in-the-middle tokens (:data:`FIM_TOKENS`,
+control tokens named in the ``tokenizer.ggml.fim_*_token_id`` keys, as a real coder's GGUF has
+them) in place of its last filler words, and no space put before a text: for ``/infill``.
 """
 
 from __future__ import annotations
 
 from typing import List, Tuple
 
-VOCABS = ("test", "chars")
+VOCABS = ("test", "chars", "fim")
+
+#: the ``fim`` vocabulary's FIM tokens, by the gguf key each is named in (Qwen2.5-Coder's texts)
+FIM_TOKENS = {"FIM_PRE_ID": "<|fim_prefix|>", "FIM_SUF_ID": "<|fim_suffix|>", "FIM_MID_ID": "<|fim_middle|>",
+              "FIM_PAD_ID": "<|fim_pad|>", "FIM_REP_ID": "<|repo_name|>", "FIM_SEP_ID": "<|file_sep|>"}
 
 _JSON_PIECES = ['{"', '"}', '":', '",', '": "', "\u2581the", "true", "false", "null", "\u2581\u2581"]
 
@@ -51,6 +59,12 @@ def write_vocab(writer, kind: str, n_vocab: int, eos: int) -> None:
         writer.add_token_types([int(gguf.TokenType.NORMAL)] * n_vocab)
     else:
         texts, scores, types = chars_vocab(n_vocab)
+        if kind == "fim":
+            first = n_vocab - 1 - len(FIM_TOKENS)  # the last filler words, before the end token
+            for i, (key, text) in enumerate(FIM_TOKENS.items()):
+                texts[first + i], types[first + i] = text, int(gguf.TokenType.CONTROL)
+                writer.add_uint32(getattr(gguf.Keys.Tokenizer, key), first + i)
+            writer.add_add_space_prefix(False)  # a piece of code tokenizes as it is, as a coder's BPE does
         writer.add_tokenizer_model("llama")
         writer.add_token_list(texts)
         writer.add_token_scores(scores)
