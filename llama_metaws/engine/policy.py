@@ -72,8 +72,9 @@ def expected_tokens(p: Sequence[float], k: int) -> float:
 
 
 class _Curve:
-    """Seconds as a function of a size: moving averages per size seen, linear in between and
-    beyond (through the two nearest sizes; proportional to the size from a single one)."""
+    """Seconds as a function of a size: moving averages per size seen, linear in between (through
+    the two nearest sizes), and beyond (below the smallest: through the two smallest; above the
+    largest: through the smallest and the largest; proportional to the size from a single one)."""
 
     RATE = 0.2
 
@@ -120,7 +121,9 @@ class _Curve:
         if len(s) == 1:
             return self.values[s[0]] * size / s[0]
         i = bisect.bisect_left(s, size)
-        lo, hi = (s[0], s[1]) if i == 0 else (s[-2], s[-1]) if i >= len(s) else (s[i - 1], s[i])
+        # beyond the largest size: the slope over every size seen (two neighbours' timings can
+        # be in either order on a CPU, and a slope of nothing would make every batch look free)
+        lo, hi = (s[0], s[1]) if i == 0 else (s[0], s[-1]) if i >= len(s) else (s[i - 1], s[i])
         a, b = self.values[lo], self.values[hi]
         return max(0.0, a + (b - a) * (size - lo) / (hi - lo))
 
