@@ -65,7 +65,8 @@ def child(spec: dict) -> dict:
                 tokens=out["usage"]["completion_tokens"], load_s=load_s,
                 drafted=st.drafted if st else 0, accepted=st.accepted if st else 0,
                 plain_share=t.get("plain_steps_share"), lengths=t.get("draft_lengths"),
-                prior=None if prior is None else {k: prior[k] for k in ("source", "seconds", "wall_s", "load_s")})
+                prior=None if prior is None else {k: prior[k] for k in ("source", "seconds", "wall_s", "load_s",
+                                                                        "target_ms", "catch_up_ms", "draft_ms")})
 
 
 def run_child(model: Path, name: str, a: argparse.Namespace, costs: str) -> dict:
@@ -83,7 +84,7 @@ def measure(a: argparse.Namespace) -> dict:
 
     models = {ag: make_mtp_model(agreement=ag, dtype=a.dtype) for ag in a.agreements}
     results: Dict[float, Dict[str, List[dict]]] = {ag: {} for ag in a.agreements}
-    names = list(FIXED) + list(AUTOS)
+    names = list(FIXED) + [n for n in AUTOS if a.saved or n != "auto, saved curve"]
     with tempfile.TemporaryDirectory(prefix="bench-auto-") as tmp:
         saved = str(Path(tmp) / "saved")  # the curves every "saved curve" child shares
         for rep in range(a.runs):
@@ -107,6 +108,7 @@ def _med(xs):
 
 def table(m: dict, a: argparse.Namespace, label: str) -> str:
     res = m["results"]
+    autos = tuple(n for n in AUTOS if any(n in cfgs for cfgs in res.values()))
     lines = [
         "## `draft_max=\"auto\"` from the first request of a fresh process (bench/bench_auto.py)",
         "",
@@ -119,12 +121,12 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         "curve`: the run's own folder, a curve saved by its first child then checked at each load. "
         "Decode t/s: the request's decode phase (medians over the runs).",
         "",
-        "| agreement | " + " | ".join(FIXED + AUTOS) + " |",
-        "|---:|" + "---:|" * (len(FIXED) + len(AUTOS)),
+        "| agreement | " + " | ".join(FIXED + autos) + " |",
+        "|---:|" + "---:|" * (len(FIXED) + len(autos)),
     ]
     for ag, cfgs in res.items():
         lines.append(f"| {ag} | " + " | ".join(f"{_med([r['decode_tps'] for r in cfgs.get(n, [])]):.2f}"
-                                               for n in FIXED + AUTOS) + " |")
+                                               for n in FIXED + autos) + " |")
     lines += ["", "Auto against the best of no drafting and k = 1..4 (goal >= 0.95): the ratio of the medians, "
               "then (in brackets) the median of each run's ratio to that run's best; plain steps; acceptance; "
               "the prior at load (its source in the runs, the engine's seconds, its wall time / the load's):", "",
@@ -135,9 +137,9 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         meds = {n: _med([r["decode_tps"] for r in cfgs.get(n, [])]) for n in FIXED}
         best = max(meds, key=meds.get)
         want = [r["text"] for r in cfgs.get("no drafting", [])]
-        for n in FIXED + AUTOS:
+        for n in FIXED + autos:
             same &= all(r["text"] == want[0] for r in cfgs.get(n, [])) if want else True
-        for n in AUTOS:
+        for n in autos:
             runs = cfgs.get(n, [])
             if not runs:
                 continue
@@ -165,13 +167,32 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=default_threads(),
                     help=f"threads, pinned to the last cores (every core but one: {default_threads()})")
     ap.add_argument("--dtype", default="q8_0", choices=("f16", "q8_0"), help="model matrices (q8_0)")
+    ap.add_argument("--no-saved", dest="saved", action="store_false",
+                    help="leave out `auto, saved curve` (with one run it measures at load as the other does)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per child (600)")
     ap.add_argument("--label", default="", help="what this run measures (printed above the table)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--json", metavar="FILE", help="also write the run's measurements to FILE")
+    ap.add_argument("--render", metavar="FILE", nargs="+",
+                    help="no run: the table of runs saved with --json (several: their runs together)")
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
+        return
+    if a.render:
+        saved = [json.loads(Path(f).read_text()) for f in a.render]
+        a = argparse.Namespace(**dict(vars(a), **{k: v for k, v in saved[0]["options"].items()
+                                                  if k not in ("no_write", "render", "label")}))
+        results: Dict[float, Dict[str, List[dict]]] = {}
+        for doc in saved:
+            for ag, cfgs in doc["measurements"]["results"].items():
+                for name, runs in cfgs.items():
+                    results.setdefault(float(ag), {}).setdefault(name, []).extend(runs)
+        a.runs = min(len(runs) for cfgs in results.values() for runs in cfgs.values())
+        label = a.label or "; ".join(d["label"] for d in saved)
+        import _doc
+
+        _doc.publish("bench_auto", table(dict(results=results), a, label), write=not a.no_write)
         return
     a.cores = pinned_cores(a.threads)
     t0 = time.monotonic()
