@@ -102,7 +102,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    type=draft_max_value, default=3,
                    help=f"tokens drafted per step at most (default 3); auto: chosen per step and slot, "
                         f"0 to {AUTO_DRAFT_MAX}, for the most tokens per second from each depth's "
-                        f"recent acceptance and the step costs measured as it runs")
+                        f"recent acceptance and the step costs (measured at load, or a curve saved by an "
+                        f"earlier run and checked, then as it runs)")
     p.add_argument("--draft-p-min", type=float, default=0.0)
     p.add_argument("--phase-aware-workspace", action="store_true",
                    help="share the target's and the draft's compute buffers (needs --spec-type draft-mtp)")
