@@ -59,7 +59,7 @@ from .engine import sampling as _sampling
 from .engine.contexts import split_mode_value
 from .engine.core import Engine
 from .engine.drafting import AdaptiveLength
-from .engine.gguf_meta import check_complete, read_keys
+from .engine.gguf_meta import nextn_layers as _gguf_nextn_layers
 from .engine.request import DraftStats, Request, timings_of
 from .engine.samplers import SamplingParams
 from .engine.workspace import MODES as WORKSPACE_MODES
@@ -75,21 +75,6 @@ DRAFT_KINDS = ("mtp",)
 PROPOSER_MAX = 10
 #: a closed generator waits this long at most for its request to end (one engine step)
 CLOSE_WAIT_S = 60.0
-
-
-def _gguf_nextn_layers(path: str) -> tuple:
-    """(architecture, nextn_predict_layers) from the file's metadata, without loading it."""
-    try:
-        arch = read_keys(path, ["general.architecture"]).get("general.architecture")
-        if arch is None:
-            raise ValueError(f"{path} has no general.architecture: not a llama.cpp model")
-        n = read_keys(path, [f"{arch}.nextn_predict_layers"]).get(f"{arch}.nextn_predict_layers", 0)
-        check_complete(path)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        if "general.architecture" in str(e):
-            raise
-        raise ValueError(f"{path} is not a readable GGUF model (truncated?): {e}") from None
-    return arch, int(n)
 
 
 class DraftStatsReport:
