@@ -143,8 +143,21 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     """llama-server's own flags (``serve``), and the queue limit."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
-    p.add_argument("-a", "--alias", help="the model's name in the API (default: the file's name)")
+    p.add_argument("-a", "--alias", help="the model's names in the API, comma-separated: /v1/models lists them "
+                   "as its aliases, its id (and the name answers carry) the first in sorted order "
+                   "(default: the file's name)")
+    p.add_argument("--tags", help="the model's tags, comma-separated (informational: /v1/models lists them)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    p.add_argument("--cors-origins", default="*", metavar="ORIGINS",
+                   help="allowed origins for CORS (default *: with credentials, the request's Origin is "
+                   "echoed); localhost: the Origin echoed only when it is localhost; else sent as given")
+    p.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS", metavar="METHODS",
+                   help="allowed methods for CORS (default: GET, POST, DELETE, OPTIONS)")
+    p.add_argument("--cors-headers", default="*", metavar="HEADERS", help="allowed headers for CORS (default *)")
+    p.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True,
+                   help="allow credentials for CORS (the default)")
+    p.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false",
+                   help="do not allow credentials for CORS")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at GET /metrics")
     p.add_argument("--queue-size", type=int, default=16,
                    help="requests that may wait while -np run (default 16); one more gets a 503")

@@ -542,11 +542,11 @@ class Llama(llama_cpp.Llama):
         return out
 
     def engine_stats(self) -> dict:
-        """The engine's steps so far, the target's and the draft's graphs (ubatches) over them, and
-        the most slots busy in one step."""
+        """The engine's steps so far, the target's and the draft's graphs (ubatches) over them, the
+        most slots busy in one step and the busy slots summed over the steps."""
         e = self._engine
         return {"steps": e.steps, "graphs_target": e.graphs_target, "graphs_draft": e.graphs_draft,
-                "slots": len(e.slots), "slots_busy_max": e.peak_busy}
+                "slots": len(e.slots), "slots_busy_max": e.peak_busy, "busy_slot_steps": e.busy_slot_steps}
 
     def draft_lengths(self) -> dict:
         """The draft lengths the engine's steps asked for since the model loaded (0: a plain

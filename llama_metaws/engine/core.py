@@ -147,6 +147,7 @@ class Engine:
         self.last: Optional[Request] = None   # the request that ended last
         self.steps = 0
         self.peak_busy = 0                   # the most slots busy in one step
+        self.busy_slot_steps = 0             # busy slots summed over the steps (their mean: /metrics)
         self.graphs_target = 0
         self.graphs_draft = 0
         self._pieces: dict = {}
@@ -305,6 +306,7 @@ class Engine:
             return True
         self.steps += 1
         self.peak_busy = max(self.peak_busy, len(plan.segments) + len(plan.draft_only))
+        self.busy_slot_steps += len(plan.segments) + len(plan.draft_only)
         self.graphs_target += self.graphs(plan.segments)
         if self.after_step is not None:  # before the requests hear of the step: the contexts are still ours
             try:

@@ -57,12 +57,18 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     if template is not None:  # chats render as /apply-template shows them (see .chat)
         llm.chat_handler = template.handler
-    alias = args.alias or Path(args.model).name
-    model = ModelAccess(llm, template, alias=alias, temperature=args.temp, n_predict=args.n_predict)
+    def names(text):
+        return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+    model = ModelAccess(llm, template, alias=Path(args.model).name, aliases=names(args.alias),
+                        tags=names(args.tags), temperature=args.temp, n_predict=args.n_predict, seed=args.seed)
+    alias = model.alias
     worker = ModelWorker(llm, queue_size=args.queue_size)
     app = create_app(worker, model, api_key=args.api_key, metrics=args.metrics, slots=args.slots,
                      max_body_size=args.max_body_size, model_path=args.model,
-                     build_info=f"llama-metaws {system_fingerprint()}")
+                     build_info=f"llama-metaws {system_fingerprint()}",
+                     cors=dict(origins=args.cors_origins, methods=args.cors_methods, headers=args.cors_headers,
+                               credentials=args.cors_credentials))
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # SIGTERM, SIGINT: cancel the request in flight too

@@ -35,8 +35,10 @@ OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata",
                    "service_tier"}
 
 #: llama-server's own fields its OpenAI routes take too: ``cache_prompt`` (true, the default:
-#: reuse the prefix of the prompt a slot holds; false: evaluate the whole prompt)
-LLAMA_SERVER_ACCEPTED = {"cache_prompt"}
+#: reuse the prefix of the prompt a slot holds; false: evaluate the whole prompt),
+#: ``timings_per_token`` (each streamed chunk carries the ``timings`` so far) and
+#: ``return_progress`` (a stream's first chunk carries ``prompt_progress``, once the prompt is done)
+LLAMA_SERVER_ACCEPTED = {"cache_prompt", "timings_per_token", "return_progress"}
 
 TokenKey = Tuple[bytes, bool, bool]  # what the binding passes to Llama.tokenize: text, add_bos, special
 
@@ -86,13 +88,18 @@ def _check_unicode(body) -> None:
 
 class ModelAccess:
     """The request layer's door to the model (see the module docstring), and the server's defaults
-    (``--temp``, ``-n``)."""
+    (``--temp``, ``-n``, ``-s``) and names (``-a``: ``aliases``, the first in sorted order the
+    ``alias`` answers carry; ``--tags``)."""
 
     def __init__(self, llm, chat_template: Optional[ChatTemplate] = None, *, alias: str = "model",
-                 temperature: Optional[float] = None, n_predict: Optional[int] = None):
+                 temperature: Optional[float] = None, n_predict: Optional[int] = None,
+                 aliases: Optional[List[str]] = None, tags: Optional[List[str]] = None, seed: int = -1):
         self.llm = llm
         self.chat = chat_template
-        self.alias = alias
+        self.aliases = sorted(set(aliases)) if aliases else [alias]
+        self.alias = self.aliases[0]
+        self.tags = sorted(set(tags or []))
+        self.seed = seed
         self.temperature = temperature
         self.n_predict = n_predict
         # the context one sequence (one slot) has: all of it with -kvu (or one slot), else its share
@@ -179,6 +186,9 @@ class Plan:
     info: dict = dataclasses.field(default_factory=dict)  # what GET /slots shows as the request's params
     id_slot: Optional[int] = None  # llama-server's id_slot: the engine slot to run on (None: any)
     cache_prompt: bool = True      # llama-server's cache_prompt: reuse what the slot holds of the prompt
+    n_choices: int = 1             # OpenAI's n: the choices to generate, one after the other
+    timings_per_token: bool = False  # llama-server's: every streamed chunk carries the timings so far
+    return_progress: bool = False    # llama-server's: a stream's first chunk carries prompt_progress
 
     def call_kwargs(self, llm) -> dict:
         """The keyword arguments, completed with what needs the loaded model. A logit bias goes
@@ -198,16 +208,50 @@ class Plan:
 
     def run(self, llm):
         """``create_completion`` or ``create_chat_completion`` with these arguments (on the slot
-        asked for, if any)."""
+        asked for, if any), ``n_choices`` times: one answer whose choices are indexed 0 to n - 1
+        and whose usage counts them all, or one stream of their chunks, each choice's after the
+        other's."""
         call: Callable = llm.create_completion if self.kind == "completion" else llm.create_chat_completion
-        with llm.on_slot(self.id_slot, cache_prompt=self.cache_prompt):
-            return call(**self.call_kwargs(llm))
+        if self.stream:
+            return self._stream(llm, call)
+        outs = []
+        for _ in range(self.n_choices):
+            with llm.on_slot(self.id_slot, cache_prompt=self.cache_prompt):
+                outs.append(call(**self.call_kwargs(llm)))
+        if len(outs) == 1:
+            return outs[0]
+        out = dict(outs[0], choices=[dict(c, index=i) for i, o in enumerate(outs) for c in o["choices"]])
+        if all(o.get("usage") for o in outs):
+            completion = sum(o["usage"]["completion_tokens"] for o in outs)
+            prompt = outs[0]["usage"]["prompt_tokens"]
+            out["usage"] = dict(outs[0]["usage"], completion_tokens=completion, total_tokens=prompt + completion)
+        return out
+
+    def _stream(self, llm, call):
+        # the slot is chosen when the generator first runs: on_slot is entered there
+        for i in range(self.n_choices):
+            with llm.on_slot(self.id_slot, cache_prompt=self.cache_prompt):
+                for chunk in call(**self.call_kwargs(llm)):
+                    if i and chunk.get("choices"):
+                        chunk = dict(chunk, choices=[dict(c, index=i) for c in chunk["choices"]])
+                    yield chunk
 
 
 def _request_types():
     from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest
 
     return CreateCompletionRequest, CreateChatCompletionRequest
+
+
+def stream_flags(body: dict, plan: "Plan") -> None:
+    """llama-server's ``timings_per_token`` and ``return_progress`` onto the plan; a 400 unless
+    each is a boolean."""
+    for key in ("timings_per_token", "return_progress"):
+        value = body.get(key, False)
+        if not isinstance(value, bool):
+            raise RequestError(400, f"invalid {key!r}: true or false is expected, got {value!r}", param=key,
+                               code="invalid_value")
+        setattr(plan, key, value)
 
 
 def cache_prompt(body: dict) -> bool:
@@ -234,6 +278,21 @@ def check_max_tokens(body: dict, key: str) -> None:
     if value < 1:
         raise RequestError(400, f"invalid {key!r}: {value}; it must be at least 1", param=key,
                            code="invalid_value")
+
+
+def choices_wanted(body: dict, key: str = "n") -> int:
+    """OpenAI's ``n``: how many choices to generate (1 when absent)."""
+    value = body.get(key, 1)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
+        raise RequestError(400, f"invalid {key!r}: {value!r}; it must be an integer from 1 to {MAX_CHOICES}",
+                           param=key, code="invalid_value")
+    return value
+
+
+#: the most choices (``n``) one request may ask for
+MAX_CHOICES = 16
 
 
 def check_one_choice(body: dict, key: str) -> None:
@@ -320,9 +379,10 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     check_known(body, set(completion_type.model_fields) | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
     include_usage = _stream_options(body)
     reuse = cache_prompt(body)
+    flags = {k: body[k] for k in ("timings_per_token", "return_progress") if k in body}
     body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
     check_max_tokens(body, "max_tokens")
-    check_one_choice(body, "n")
+    n_choices = choices_wanted(body)
     check_one_choice(body, "best_of")
     body = _defaults(model, body, "max_tokens")
     prompt = body.get("prompt")
@@ -344,6 +404,8 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     kwargs = req.model_dump(exclude=_NOT_KWARGS)
     kwargs["echo"] = bool(kwargs.get("echo"))
     plan = _plan("completion", req, kwargs, "prompt", model)
+    plan.n_choices = n_choices
+    stream_flags(flags, plan)
     plan.cache_prompt = reuse
     plan.include_usage = include_usage
     if token_prompt is not None:
@@ -402,6 +464,7 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"} | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
     include_usage = _stream_options(body)
     reuse = cache_prompt(body)
+    flags = {k: body[k] for k in ("timings_per_token", "return_progress") if k in body}
     body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
     check_max_tokens(body, "max_tokens")
     check_max_tokens(body, "max_completion_tokens")
@@ -410,7 +473,7 @@ def chat(body: dict, model: ModelAccess) -> Plan:
             raise RequestError(400, "max_tokens and max_completion_tokens differ: send one of them",
                                param="max_completion_tokens", code="invalid_value")
         body = dict(body, max_tokens=body["max_completion_tokens"])
-    check_one_choice(body, "n")
+    n_choices = choices_wanted(body)
     if not body.get("messages"):
         raise RequestError(400, "no messages: send a non-empty 'messages' list", param="messages",
                            code="invalid_value")
@@ -422,6 +485,8 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     kwargs = req.model_dump(exclude=_NOT_KWARGS)
     kwargs["messages"] = body["messages"]  # as sent (normalized): the template sees what the client sent
     plan = _plan("chat", req, kwargs, "messages", model)
+    plan.n_choices = n_choices
+    stream_flags(flags, plan)
     plan.include_usage = include_usage
     plan.cache_prompt = reuse
     if plan.grammar_param is None and forced:
@@ -437,6 +502,22 @@ def chat(body: dict, model: ModelAccess) -> Plan:
         plan.n_prompt = len(model.tokenize(prompt, add_bos=not added_special, special=True, tokens=plan.tokens))
         model.check_context(plan.n_prompt, "messages")
     return plan
+
+
+def chat_input_tokens(body: dict, model: ModelAccess) -> dict:
+    """``POST /v1/chat/completions/input_tokens`` (llama-server's token count): the tokens the
+    prompt of a chat request with these ``messages`` (and ``tools``) has, as it would run;
+    nothing is generated and no other field is needed."""
+    if model.chat is None:
+        raise RequestError(501, "the model has no chat template: start the server with --chat-template or "
+                           "--chat-template-file", type="not_supported_error", code="no_chat_template")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "no messages: send a non-empty 'messages' list", param="messages",
+                           code="invalid_value")
+    prompt, added_special = model.chat.render(normalize_messages(messages), tools=body.get("tools"),
+                                              tool_choice=body.get("tool_choice"))
+    return {"input_tokens": len(model.tokenize(prompt, add_bos=not added_special, special=True, tokens={}))}
 
 
 def _plan(kind: str, req, kwargs: dict, prompt_param: str, model: ModelAccess) -> Plan:
