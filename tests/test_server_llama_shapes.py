@@ -223,3 +223,22 @@ def test_timings_per_token_and_return_progress_on_openai_streams(server):
         status, res = server.json("POST", "/v1/chat/completions", dict(
             {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}, **bad))
         assert status == 400 and res["error"]["param"] == list(bad)[0]
+
+
+def test_host_takes_several_addresses(models_dir, tmp_path):
+    import socket
+    import urllib.request
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    model = make_tiny_model(models_dir / "llama-shapes-hosts.gguf", seed=54, vocab="chars")
+    srv = Server(model, "--host", "127.0.0.1,::1", "-c", "256", log_path=tmp_path / "hosts.log")
+    try:
+        for host in ("127.0.0.1", "[::1]"):
+            with urllib.request.urlopen(f"http://{host}:{srv.port}/health", timeout=60) as r:
+                assert r.status == 200
+    finally:
+        srv.kill()

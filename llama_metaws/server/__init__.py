@@ -25,6 +25,30 @@ GRACEFUL_SHUTDOWN_S = 3   # uvicorn waits this long for open connections after a
 WORKER_JOIN_S = 5         # then the model's thread this long before the process exits anyway
 
 
+def listen(hosts: str, port: int) -> list:
+    """A listening socket on ``port`` for each of llama-server's comma-separated ``--host``
+    addresses (IPv4 or IPv6, e.g. ``127.0.0.1,::1``)."""
+    import socket
+
+    out = []
+    try:
+        for host in [h.strip().strip("[]") for h in hosts.split(",") if h.strip()] or ["127.0.0.1"]:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            out.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((host, port))
+            sock.listen(2048)
+            sock.set_inheritable(True)
+    except BaseException:
+        for sock in out:
+            sock.close()
+        raise
+    return out
+
+
 def serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -81,9 +105,16 @@ def serve(args: argparse.Namespace) -> int:
     # model is closed below (a signal during that bounded wait is ignored too)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: None)
+    try:
+        sockets = listen(args.host, args.port)
+    except (OSError, ValueError) as e:
+        worker.close(timeout=WORKER_JOIN_S)
+        llm.close()
+        print(f"llama-metaws serve: cannot listen on {args.host} port {args.port}: {e}", file=sys.stderr)
+        return 3
     print(f"llama-metaws serve: http://{args.host}:{args.port}/v1 (model {alias!r})", file=sys.stderr,
           flush=True)
-    Server(config).run()
+    Server(config).run(sockets=sockets)
     if worker.close(timeout=WORKER_JOIN_S):
         llm.close()
     else:

@@ -130,7 +130,7 @@ class ModelAccess:
     def check_context(self, n_prompt: int, param: str) -> None:
         """The binding's own check, before the request waits for the model."""
         if n_prompt >= self.n_ctx:
-            raise RequestError(400, f"the prompt is too long for the context: Requested tokens ({n_prompt}) "
+            raise RequestError(400, f"the request exceeds the available context size: Requested tokens ({n_prompt}) "
                                f"exceed context window of {self.n_ctx}; use a shorter prompt or start the server "
                                "with a larger -c", param=param, code="context_length_exceeded",
                                extra={"n_prompt_tokens": n_prompt, "n_ctx": self.n_ctx})

@@ -312,12 +312,14 @@ class ModelWorker:
             slot = {"id": sid, "id_task": -1, "speculative": bool(self.llm.drafting),
                     "is_processing": state["is_processing"], "state": state["state"], "n_past": state["n_past"]}
             if job is not None:
+                running = job.state == "running" and state["is_processing"]
                 remain = -1 if job.n_predict is None else max(job.n_predict - job.n_decoded, 0)
+                # an idle slot keeps its last task's id and parameters, not its budget (llama-server)
                 slot.update({
                     "id_task": job.id, "n_prompt_tokens": job.n_prompt, "params": dict(job.info),
-                    "next_token": [{"has_next_token": job.state == "running" and state["is_processing"],
-                                    "has_new_line": job.has_new_line, "n_remain": remain,
-                                    "n_decoded": job.n_decoded}],
+                    "next_token": [{"has_next_token": running, "has_new_line": job.has_new_line and running,
+                                    "n_remain": remain if running else -1,
+                                    "n_decoded": job.n_decoded if running else 0}],
                 })
             out.append(slot)
         return out
