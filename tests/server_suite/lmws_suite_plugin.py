@@ -5,7 +5,8 @@ It changes nothing in the suite's files; at run time it
   return a stand-in: the suite's ``llama-server`` is our shim, which needs no downloads;
 * marks each test listed in expected_failures.txt as an expected failure, with its reason;
 * fails a test that runs longer than LMWS_SUITE_TEST_TIMEOUT seconds (a hang stalls nothing);
-* writes every test's outcome to LMWS_SUITE_REPORT (JSON) for run.py's count.
+* writes every test's outcome to LMWS_SUITE_REPORT (JSON) for run.py's count (``deselected``
+  for the slow tests run.py leaves out).
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         if limit > 0:
             signal.alarm(0)
+
+
+def pytest_deselected(items):
+    # run.py passes -m "not slow", as llama.cpp's tests.sh does: the slow tests download real
+    # models (1B to 70B) and assert their text
+    for item in items:
+        _outcomes[item.nodeid] = "deselected"
 
 
 def pytest_runtest_logreport(report):
