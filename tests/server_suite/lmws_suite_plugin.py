@@ -6,7 +6,9 @@ It changes nothing in the suite's files; at run time it
 * marks each test listed in expected_failures.txt as an expected failure, with its reason;
 * fails a test that runs longer than LMWS_SUITE_TEST_TIMEOUT seconds (a hang stalls nothing);
 * writes every test's outcome to LMWS_SUITE_REPORT (JSON) for run.py's count (``deselected``
-  for the slow tests run.py leaves out).
+  for the slow tests run.py leaves out), after each test, so a run cut short still counts;
+* makes SIGINT and SIGTERM interrupt the session (a background job inherits SIGINT ignored), so
+  the suite's teardown stops its servers.
 """
 
 from __future__ import annotations
@@ -27,7 +29,21 @@ _outcomes: dict = {}
 _expected = load_expected(HERE / "expected_failures.txt")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _write_report() -> None:
+    path = os.environ.get("LMWS_SUITE_REPORT")
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(json.dumps(_outcomes, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+
 def pytest_configure(config):
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     utils = sys.modules.get("utils")
     if utils is None:  # the suite's conftest imports it first; without it there is nothing to do
         return
@@ -87,9 +103,9 @@ def pytest_runtest_logreport(report):
             outcome = report.outcome
         if prev is None or prev == "passed":
             _outcomes[nodeid] = outcome
+    if report.when == "teardown":
+        _write_report()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    path = os.environ.get("LMWS_SUITE_REPORT")
-    if path:
-        Path(path).write_text(json.dumps(_outcomes, indent=1, sort_keys=True))
+    _write_report()

@@ -180,9 +180,13 @@ def main(argv=None) -> int:
     try:
         proc.wait()
     finally:
-        if proc.poll() is None:  # stopped from outside: the suite (and its server) go too
+        if proc.poll() is None:  # stopped from outside: the suite stops its server, then itself
             proc.terminate()
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     wall = time.time() - t0
     if not report.is_file():
         print("server suite: pytest wrote no report", file=sys.stderr)
