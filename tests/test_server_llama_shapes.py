@@ -242,3 +242,18 @@ def test_host_takes_several_addresses(models_dir, tmp_path):
                 assert r.status == 200
     finally:
         srv.kill()
+
+
+def test_id_slot_on_openai_routes(server):
+    status, before = server.json("GET", "/slots")
+    task = {s["id"]: s["id_task"] for s in before}
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": PROMPT})):
+        status, res = server.json("POST", path, dict(body, max_tokens=2, id_slot=1))
+        assert status == 200, res
+        status, after = server.json("GET", "/slots")
+        now = {s["id"]: s["id_task"] for s in after}
+        assert now[1] > task[1] and now[0] == task[0]  # it ran on slot 1, slot 0 saw nothing
+        task = now
+    status, res = server.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "id_slot": 2})
+    assert status == 400 and res["error"]["param"] == "id_slot"

@@ -36,9 +36,10 @@ OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata",
 
 #: llama-server's own fields its OpenAI routes take too: ``cache_prompt`` (true, the default:
 #: reuse the prefix of the prompt a slot holds; false: evaluate the whole prompt),
-#: ``timings_per_token`` (each streamed chunk carries the ``timings`` so far) and
+#: ``timings_per_token`` (each streamed chunk carries the ``timings`` so far),
 #: ``return_progress`` (a stream's first chunk carries ``prompt_progress``, once the prompt is done)
-LLAMA_SERVER_ACCEPTED = {"cache_prompt", "timings_per_token", "return_progress"}
+#: and ``id_slot`` (the engine slot to run on; -1: any)
+LLAMA_SERVER_ACCEPTED = {"cache_prompt", "timings_per_token", "return_progress", "id_slot"}
 
 TokenKey = Tuple[bytes, bool, bool]  # what the binding passes to Llama.tokenize: text, add_bos, special
 
@@ -243,15 +244,23 @@ def _request_types():
     return CreateCompletionRequest, CreateChatCompletionRequest
 
 
-def stream_flags(body: dict, plan: "Plan") -> None:
-    """llama-server's ``timings_per_token`` and ``return_progress`` onto the plan; a 400 unless
-    each is a boolean."""
+_PLAN_FLAGS = ("timings_per_token", "return_progress", "id_slot")
+
+
+def llama_server_fields(body: dict, plan: "Plan", model: "ModelAccess") -> None:
+    """llama-server's ``timings_per_token``, ``return_progress`` (booleans) and ``id_slot`` (a
+    slot, or -1) onto the plan; a 400 for any other value."""
     for key in ("timings_per_token", "return_progress"):
         value = body.get(key, False)
         if not isinstance(value, bool):
             raise RequestError(400, f"invalid {key!r}: true or false is expected, got {value!r}", param=key,
                                code="invalid_value")
         setattr(plan, key, value)
+    slot = body.get("id_slot", -1)
+    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not -1 <= slot < model.n_slots):
+        raise RequestError(400, f"invalid 'id_slot': {slot!r}: this server has slots 0 to {model.n_slots - 1} "
+                           "(or -1: any)", param="id_slot", code="invalid_value")
+    plan.id_slot = slot if slot is not None and slot >= 0 else None
 
 
 def cache_prompt(body: dict) -> bool:
@@ -379,7 +388,7 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     check_known(body, set(completion_type.model_fields) | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
     include_usage = _stream_options(body)
     reuse = cache_prompt(body)
-    flags = {k: body[k] for k in ("timings_per_token", "return_progress") if k in body}
+    flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
     body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
     check_max_tokens(body, "max_tokens")
     n_choices = choices_wanted(body)
@@ -405,7 +414,7 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     kwargs["echo"] = bool(kwargs.get("echo"))
     plan = _plan("completion", req, kwargs, "prompt", model)
     plan.n_choices = n_choices
-    stream_flags(flags, plan)
+    llama_server_fields(flags, plan, model)
     plan.cache_prompt = reuse
     plan.include_usage = include_usage
     if token_prompt is not None:
@@ -464,7 +473,7 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"} | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
     include_usage = _stream_options(body)
     reuse = cache_prompt(body)
-    flags = {k: body[k] for k in ("timings_per_token", "return_progress") if k in body}
+    flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
     body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
     check_max_tokens(body, "max_tokens")
     check_max_tokens(body, "max_completion_tokens")
@@ -486,7 +495,7 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     kwargs["messages"] = body["messages"]  # as sent (normalized): the template sees what the client sent
     plan = _plan("chat", req, kwargs, "messages", model)
     plan.n_choices = n_choices
-    stream_flags(flags, plan)
+    llama_server_fields(flags, plan, model)
     plan.include_usage = include_usage
     plan.cache_prompt = reuse
     if plan.grammar_param is None and forced:
