@@ -148,6 +148,7 @@ def _write_gguf(
     n_vocab: int,
     vocab: str = "test",
     chat_template: Optional[str] = None,
+    vocab_words=(),
 ) -> Path:
     """Write metadata, the tokenizer (:mod:`.vocab`), the chat template (default
     :data:`CHAT_TEMPLATE`) and the tensors to ``path`` with gguf-py."""
@@ -171,7 +172,7 @@ def _write_gguf(
             else:  # pragma: no cover - programming error
                 raise TypeError(f"unsupported metadata value for {full}: {value!r}")
 
-        write_vocab(writer, vocab, n_vocab, n_vocab - 1)  # the last token ends generation
+        write_vocab(writer, vocab, n_vocab, n_vocab - 1, vocab_words)  # the last token ends generation
         writer.add_chat_template(CHAT_TEMPLATE if chat_template is None else chat_template)
 
         for name, value in tensors.items:
@@ -336,6 +337,7 @@ def _agreement_plan(
 def make_tiny_mtp_model(
     path: PathLike, *, seed: int = 0, agreement: Optional[float] = None, vocab: str = "test",
     context_length: int = _N_CTX, chat_template: Optional[str] = None, n_vocab: int = N_VOCAB,
+    vocab_words=(),
 ) -> Path:
     """Write a tiny ``qwen35`` GGUF with 2 trunk layers and 1 NextN (MTP) block.
 
@@ -379,7 +381,8 @@ def make_tiny_mtp_model(
     model's training context (256); ``chat_template``: its template (default
     :data:`CHAT_TEMPLATE`); ``n_vocab``: its vocabulary's size (another than :data:`N_VOCAB` only
     with random weights: the agreement design needs orthonormal embeddings, ``V <= E``; the
-    last token ends generation).
+    last token ends generation); ``vocab_words``: words a ``chars`` vocabulary spells as one token
+    each (:func:`.vocab.chars_vocab`).
     """
     if agreement is not None and n_vocab != N_VOCAB:
         raise ValueError(f"agreement models have {N_VOCAB} tokens; n_vocab={n_vocab} needs agreement=None")
@@ -412,7 +415,7 @@ def make_tiny_mtp_model(
         _qwen35_mtp_block(t, n_trunk, eh_proj, _SMALL_OUT_STD, 0.0)
 
     return _write_gguf(Path(path), "qwen35", _qwen35_kv(n_trunk, n_nextn, context_length), t, V,
-                       vocab, chat_template)
+                       vocab, chat_template, vocab_words)
 
 
 # --------------------------------------------------------------------------------------------
@@ -442,7 +445,7 @@ def _llama_like(t: _Tensors, n_layer: int, qk_norm: bool, V: int = N_VOCAB) -> N
 
 def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0, vocab: str = "test",
                     context_length: int = _N_CTX, chat_template: Optional[str] = None,
-                    n_vocab: int = N_VOCAB) -> Path:
+                    n_vocab: int = N_VOCAB, vocab_words=()) -> Path:
     """Write a tiny GGUF without NextN layers, with seeded random weights.
 
     ``arch`` is one of :data:`SUPPORTED_ARCHS`:
@@ -453,7 +456,7 @@ def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0, vocab
       gated full-attention layer) without the MTP block.
 
     All use the TEST tokenizer with :data:`N_VOCAB` tokens (``vocab="chars"``: characters, see
-    :mod:`.vocab`). ``context_length``, ``chat_template`` and ``n_vocab`` as for
+    :mod:`.vocab`). ``context_length``, ``chat_template``, ``n_vocab`` and ``vocab_words`` as for
     :func:`make_tiny_mtp_model`.
     Raises ``ValueError`` for any other ``arch``.
     """
@@ -490,7 +493,7 @@ def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0, vocab
         if arch == "llama":
             kv["vocab_size"] = n_vocab
 
-    return _write_gguf(Path(path), arch, kv, t, n_vocab, vocab, chat_template)
+    return _write_gguf(Path(path), arch, kv, t, n_vocab, vocab, chat_template, vocab_words)
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ that name); ``"chars-fim"`` also Qwen's fill-in-the-middle tokens (``<|fim_prefi
 ``<|fim_suffix|>``, ``<|fim_middle|>``, ``<|fim_pad|>``, ``<|repo_name|>``, ``<|file_sep|>``),
 named in the GGUF's ``tokenizer.ggml.fim_*_token_id`` keys: a model ``/infill`` can serve. These
 two add BOS to a prompt, as a llama model's SentencePiece vocabulary does (the others add
-nothing).
+nothing). ``words``: also each word's prefixes as SentencePiece pieces (``▁w``, ``▁wo``, ...,
+``▁word``, each scoring its length so the longest wins), so those words tokenize as one token each,
+as a trained vocabulary tokenizes common words.
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ MIN_FULL_VOCAB = 384
 _JSON_PIECES = ['{"', '"}', '":', '",', '": "', "\u2581the", "true", "false", "null", "\u2581\u2581"]
 
 
-def chars_vocab(n_vocab: int, kind: str = "chars") -> Tuple[List[str], List[float], List[int]]:
+def word_pieces(words) -> List[str]:
+    """The pieces that make each of ``words`` one token: its ``▁``-prefixed prefixes."""
+    out = set()
+    for w in words:
+        for i in range(1, len(w) + 1):
+            out.add("\u2581" + w[:i])
+    return sorted(out)
+
+
+def chars_vocab(n_vocab: int, kind: str = "chars", words=()) -> Tuple[List[str], List[float], List[int]]:
     """Texts, scores and token types (gguf's TokenType values) of a ``chars`` vocabulary."""
     import gguf
 
@@ -49,6 +60,8 @@ def chars_vocab(n_vocab: int, kind: str = "chars") -> Tuple[List[str], List[floa
     rows = ([("<unk>", 0.0, T.UNKNOWN), ("<s>", 0.0, T.CONTROL)]
             + [(c, -1.0, T.NORMAL) for c in printable] + [(b, -1.0, T.BYTE) for b in byte_tokens]
             + [(p, 0.0, T.NORMAL) for p in _JSON_PIECES] + [(x, 0.0, T.CONTROL) for x in specials])
+    known = {r[0] for r in rows}
+    rows += [(p, float(len(p)), T.NORMAL) for p in word_pieces(words) if p not in known]
     n_fill = n_vocab - 1 - len(rows)
     if n_fill < 0:
         raise ValueError(f"a {kind} vocabulary needs at least {len(rows) + 1} tokens, got {n_vocab}")
@@ -56,7 +69,7 @@ def chars_vocab(n_vocab: int, kind: str = "chars") -> Tuple[List[str], List[floa
     return [r[0] for r in rows], [r[1] for r in rows], [int(r[2]) for r in rows]
 
 
-def write_vocab(writer, kind: str, n_vocab: int, eos: int) -> None:
+def write_vocab(writer, kind: str, n_vocab: int, eos: int, words=()) -> None:
     """Add the tokenizer ``kind`` to a GGUFWriter (no EOS added to prompts; BOS as the module
     docstring says)."""
     import gguf
@@ -69,7 +82,7 @@ def write_vocab(writer, kind: str, n_vocab: int, eos: int) -> None:
         writer.add_token_scores([0.0] * n_vocab)
         writer.add_token_types([int(gguf.TokenType.NORMAL)] * n_vocab)
     else:
-        texts, scores, types = chars_vocab(n_vocab, kind)
+        texts, scores, types = chars_vocab(n_vocab, kind, words)
         writer.add_tokenizer_model("llama")
         writer.add_token_list(texts)
         writer.add_token_scores(scores)

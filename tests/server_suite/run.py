@@ -44,8 +44,10 @@ CHATML = (
 )
 
 # the stand-ins (the shim's STANDIN_BY_REPO names them): a characters vocabulary with byte
-# tokens (any UTF-8 text tokenizes) and ChatML's special tokens, a 4096-token training context
-# (the suite's presets ask for up to 2048)
+# tokens (any UTF-8 text tokenizes), ChatML's special tokens and the words of the suite's own
+# texts as one token each (so its prompts take about as many tokens as the real vocabularies
+# give them: "Hello " * 248 fits 256), a 4096-token training context (the presets ask for up to
+# 2048)
 STANDINS = {
     # ggml-org/test-model-stories260K: llama.cpp falls back to ChatML for a model without a
     # template, so the stand-in carries ChatML
@@ -79,14 +81,36 @@ def unpack_suite(dest: Path) -> Path:
     return dest
 
 
-def write_standins(models: Path) -> None:
+def suite_words(unit: Path) -> list:
+    """The words (two letters or more) in the string literals of the suite's test files."""
+    import ast
+    import io
+    import re
+    import tokenize
+
+    words = set()
+    for f in sorted(unit.glob("test_*.py")):
+        for tok in tokenize.generate_tokens(io.StringIO(f.read_text()).readline):
+            if tok.type != tokenize.STRING:
+                continue
+            try:
+                value = ast.literal_eval(tok.string)
+            except (ValueError, SyntaxError):
+                continue  # an f-string
+            if isinstance(value, str):
+                words.update(w for w in re.findall(r"[A-Za-z]+", value) if len(w) > 1)
+    return sorted(words)
+
+
+def write_standins(models: Path, words=()) -> None:
     from llama_metaws.testing import make_tiny_model, make_tiny_mtp_model
-    from llama_metaws.testing.vocab import MIN_FULL_VOCAB
+    from llama_metaws.testing.vocab import MIN_FULL_VOCAB, word_pieces
 
     models.mkdir(parents=True, exist_ok=True)
+    n_vocab = MIN_FULL_VOCAB + len(word_pieces(words))
     for name, spec in STANDINS.items():
         kw = dict(vocab=spec["vocab"], context_length=CONTEXT_LENGTH, chat_template=CHATML,
-                  n_vocab=MIN_FULL_VOCAB)
+                  n_vocab=n_vocab, vocab_words=words)
         if spec["kind"] == "mtp":
             make_tiny_mtp_model(models / name, **kw)
         else:
@@ -147,7 +171,7 @@ def main(argv=None) -> int:
     entries = load_expected(HERE / "expected_failures.txt")
     src = unpack_suite(WORK / "llama.cpp")
     models = WORK / "models"
-    write_standins(models)
+    write_standins(models, suite_words(src / SUITE_CWD / "unit"))
     files, left_out = suite_files(src, entries)
     if args.files:
         files = args.files
