@@ -257,3 +257,18 @@ def test_id_slot_on_openai_routes(server):
         task = now
     status, res = server.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "id_slot": 2})
     assert status == 400 and res["error"]["param"] == "id_slot"
+
+
+def test_chat_chunks_and_logprobs_in_llama_servers_shape(server):
+    client = server.client()
+    messages = [{"role": "user", "content": "hi"}]
+    chunks = list(client.chat.completions.create(model="x", max_tokens=3, messages=messages, stream=True))
+    first = chunks[0].model_dump()["choices"][0]["delta"]
+    assert first["role"] == "assistant" and "content" in chunks[0].choices[0].delta.model_fields_set
+    assert chunks[0].system_fingerprint.startswith("b")
+    res = client.chat.completions.create(model="x", max_tokens=3, messages=messages, logprobs=True,
+                                         top_logprobs=3, temperature=0)
+    content = res.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == res.choices[0].message.content
+    for t in content:
+        assert t.bytes == list(t.token.encode()) and all(x.bytes == list(x.token.encode()) for x in t.top_logprobs)

@@ -21,10 +21,12 @@ from .errors import OPENAI
 
 @functools.lru_cache(maxsize=1)
 def system_fingerprint() -> str:
-    """``fp_`` and this build's key: it changes when the native build (patches, flags) does."""
+    """A build name as llama-server gives it (``b`` first): the binding's version and this build's
+    key, ``b0.3.36-<key>``; it changes when the native build (patches, flags) does."""
+    from ..native.build import SDIST_VERSION
     from ..native.runtime import require_build
 
-    return "fp_" + require_build().root.name[:12]
+    return f"b{SDIST_VERSION}-" + require_build().root.name[:12]
 
 
 def _usage(timings: Optional[dict], fallback: Optional[dict] = None) -> Optional[dict]:
@@ -49,6 +51,33 @@ def _public(out: dict) -> dict:
         if isinstance(c.get("logprobs"), dict) else c for c in choices])
 
 
+def _shaped(out: dict) -> dict:
+    """A chat answer or chunk as llama-server shapes it: a role delta carries ``content: null``,
+    and each logprob its token's UTF-8 ``bytes`` (the binding's chat logprobs have ``bytes: null``)."""
+    choices = out.get("choices")
+    if not choices:
+        return out
+    shaped = []
+    for c in choices:
+        delta = c.get("delta")
+        if isinstance(delta, dict) and "role" in delta and "content" not in delta:
+            c = dict(c, delta=dict(delta, content=None))
+        lp = c.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            c = dict(c, logprobs=dict(lp, content=[_with_bytes(e) for e in lp["content"]]))
+        shaped.append(c)
+    return dict(out, choices=shaped)
+
+
+def _with_bytes(entry: dict) -> dict:
+    if not isinstance(entry, dict) or entry.get("bytes") is not None or not isinstance(entry.get("token"), str):
+        return entry
+    out = dict(entry, bytes=list(entry["token"].encode("utf-8")))
+    if isinstance(out.get("top_logprobs"), list):
+        out["top_logprobs"] = [_with_bytes(t) for t in out["top_logprobs"]]
+    return out
+
+
 def _is_role_chunk(chunk: dict) -> bool:
     """A chat stream's first chunk: the assistant's role, no content."""
     choices = chunk.get("choices") or []
@@ -66,7 +95,7 @@ class Responder:
         self.progress_sent = False
 
     def response(self, out: dict, job) -> dict:
-        out = dict(_public(out), system_fingerprint=self.fingerprint)
+        out = dict(_shaped(_public(out)), system_fingerprint=self.fingerprint)
         if out.get("usage") is not None or out.get("timings") is not None:
             out["usage"] = _usage(out.get("timings"), out.get("usage"))
         return out
@@ -75,7 +104,7 @@ class Responder:
         return []
 
     def events(self, piece: dict, job) -> List[dict]:
-        chunk = dict(_public(piece["chunk"]), system_fingerprint=self.fingerprint)
+        chunk = dict(_shaped(_public(piece["chunk"])), system_fingerprint=self.fingerprint)
         timings = chunk.get("timings")  # the request's, on its last chunk (the worker's)
         if self.plan.return_progress and not self.progress_sent and job.progress is not None:
             chunk["prompt_progress"] = dict(job.progress)
