@@ -272,3 +272,19 @@ def test_chat_chunks_and_logprobs_in_llama_servers_shape(server):
     assert "".join(t.token for t in content) == res.choices[0].message.content
     for t in content:
         assert t.bytes == list(t.token.encode()) and all(x.bytes == list(x.token.encode()) for x in t.top_logprobs)
+
+
+def test_verbose_answers_carry_the_prompt_as_it_ran(server):
+    messages = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    status, prompt = server.json("POST", "/apply-template", {"messages": messages})
+    for verbose in (True, False):
+        status, res = server.json("POST", "/v1/chat/completions", {"messages": messages, "max_tokens": 2,
+                                                                   "verbose": verbose})
+        assert status == 200
+        if verbose:
+            assert res["__verbose"]["prompt"] == prompt["prompt"]
+            assert res["__verbose"]["content"] == res["choices"][0]["message"]["content"]
+        else:
+            assert "__verbose" not in res
+    status, res = server.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "verbose": True})
+    assert res["__verbose"] == {"prompt": PROMPT, "content": res["choices"][0]["text"]}

@@ -85,7 +85,8 @@ def serve(args: argparse.Namespace) -> int:
         return [x.strip() for x in (text or "").split(",") if x.strip()]
 
     model = ModelAccess(llm, template, alias=Path(args.model).name, aliases=names(args.alias),
-                        tags=names(args.tags), temperature=args.temp, n_predict=args.n_predict, seed=args.seed)
+                        tags=names(args.tags), temperature=args.temp, n_predict=args.n_predict, seed=args.seed,
+                        verbose=args.verbose)
     alias = model.alias
     worker = ModelWorker(llm, queue_size=args.queue_size)
     app = create_app(worker, model, api_key=args.api_key, metrics=args.metrics, slots=args.slots,

@@ -96,6 +96,10 @@ class Responder:
 
     def response(self, out: dict, job) -> dict:
         out = dict(_shaped(_public(out)), system_fingerprint=self.fingerprint)
+        if self.plan.verbose:  # llama-server's debugging object: the prompt as it ran, the text
+            choice = (out.get("choices") or [{}])[0]
+            text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
+            out["__verbose"] = {"prompt": self.plan.prompt_text or "", "content": text or ""}
         if out.get("usage") is not None or out.get("timings") is not None:
             out["usage"] = _usage(out.get("timings"), out.get("usage"))
         return out

@@ -38,8 +38,9 @@ OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata",
 #: reuse the prefix of the prompt a slot holds; false: evaluate the whole prompt),
 #: ``timings_per_token`` (each streamed chunk carries the ``timings`` so far),
 #: ``return_progress`` (a stream's first chunk carries ``prompt_progress``, once the prompt is done)
-#: and ``id_slot`` (the engine slot to run on; -1: any)
-LLAMA_SERVER_ACCEPTED = {"cache_prompt", "timings_per_token", "return_progress", "id_slot"}
+#: ``id_slot`` (the engine slot to run on; -1: any) and ``verbose`` (the answer carries
+#: ``__verbose``: the prompt as it ran, and the text; also for every request of a server started with -v)
+LLAMA_SERVER_ACCEPTED = {"cache_prompt", "timings_per_token", "return_progress", "id_slot", "verbose"}
 
 TokenKey = Tuple[bytes, bool, bool]  # what the binding passes to Llama.tokenize: text, add_bos, special
 
@@ -94,13 +95,15 @@ class ModelAccess:
 
     def __init__(self, llm, chat_template: Optional[ChatTemplate] = None, *, alias: str = "model",
                  temperature: Optional[float] = None, n_predict: Optional[int] = None,
-                 aliases: Optional[List[str]] = None, tags: Optional[List[str]] = None, seed: int = -1):
+                 aliases: Optional[List[str]] = None, tags: Optional[List[str]] = None, seed: int = -1,
+                 verbose: bool = False):
         self.llm = llm
         self.chat = chat_template
         self.aliases = sorted(set(aliases)) if aliases else [alias]
         self.alias = self.aliases[0]
         self.tags = sorted(set(tags or []))
         self.seed = seed
+        self.verbose = verbose  # -v: every answer carries llama-server's __verbose
         self.temperature = temperature
         self.n_predict = n_predict
         # the context one sequence (one slot) has: all of it with -kvu (or one slot), else its share
@@ -190,6 +193,8 @@ class Plan:
     n_choices: int = 1             # OpenAI's n: the choices to generate, one after the other
     timings_per_token: bool = False  # llama-server's: every streamed chunk carries the timings so far
     return_progress: bool = False    # llama-server's: a stream's first chunk carries prompt_progress
+    verbose: bool = False            # llama-server's: the answer carries __verbose (the prompt as it ran)
+    prompt_text: Optional[str] = None  # the prompt as text (a chat's rendered with its template)
 
     def call_kwargs(self, llm) -> dict:
         """The keyword arguments, completed with what needs the loaded model. A logit bias goes
@@ -244,13 +249,13 @@ def _request_types():
     return CreateCompletionRequest, CreateChatCompletionRequest
 
 
-_PLAN_FLAGS = ("timings_per_token", "return_progress", "id_slot")
+_PLAN_FLAGS = ("timings_per_token", "return_progress", "id_slot", "verbose")
 
 
 def llama_server_fields(body: dict, plan: "Plan", model: "ModelAccess") -> None:
     """llama-server's ``timings_per_token``, ``return_progress`` (booleans) and ``id_slot`` (a
     slot, or -1) onto the plan; a 400 for any other value."""
-    for key in ("timings_per_token", "return_progress"):
+    for key in ("timings_per_token", "return_progress", "verbose"):
         value = body.get(key, False)
         if not isinstance(value, bool):
             raise RequestError(400, f"invalid {key!r}: true or false is expected, got {value!r}", param=key,
@@ -261,6 +266,7 @@ def llama_server_fields(body: dict, plan: "Plan", model: "ModelAccess") -> None:
         raise RequestError(400, f"invalid 'id_slot': {slot!r}: this server has slots 0 to {model.n_slots - 1} "
                            "(or -1: any)", param="id_slot", code="invalid_value")
     plan.id_slot = slot if slot is not None and slot >= 0 else None
+    plan.verbose = plan.verbose or model.verbose
 
 
 def cache_prompt(body: dict) -> bool:
@@ -423,6 +429,7 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     else:  # as the binding will ask for it: no BOS (it adds its own), special tokens parsed without a suffix
         n = len(model.tokenize(req.prompt, add_bos=False, special=req.suffix is None, tokens=plan.tokens))
         plan.n_prompt = n + model.n_specials
+        plan.prompt_text = req.prompt
     model.check_context(plan.n_prompt, "prompt")
     return plan
 
@@ -509,6 +516,7 @@ def chat(body: dict, model: ModelAccess) -> Plan:
                                                   functions=kwargs.get("functions"),
                                                   function_call=kwargs.get("function_call"))
         plan.n_prompt = len(model.tokenize(prompt, add_bos=not added_special, special=True, tokens=plan.tokens))
+        plan.prompt_text = prompt
         model.check_context(plan.n_prompt, "messages")
     return plan
 
