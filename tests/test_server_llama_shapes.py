@@ -288,3 +288,13 @@ def test_verbose_answers_carry_the_prompt_as_it_ran(server):
             assert "__verbose" not in res
     status, res = server.json("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "verbose": True})
     assert res["__verbose"] == {"prompt": PROMPT, "content": res["choices"][0]["text"]}
+
+
+def test_generation_settings_list_the_logit_bias(server):
+    status, res = server.json("POST", "/completion", {"prompt": PROMPT, "n_predict": 2, "ignore_eos": True})
+    bias = res["generation_settings"]["logit_bias"]
+    assert bias and all(e["bias"] is None for e in bias)  # -inf: the end-of-generation token never
+    status, res = server.json("POST", "/completion", {"prompt": PROMPT, "n_predict": 2, "logit_bias": [[5, -2.5]]})
+    assert res["generation_settings"]["logit_bias"] == [{"token": 5, "bias": -2.5}]
+    status, res = server.json("POST", "/completion", {"prompt": PROMPT, "n_predict": 2})
+    assert res["generation_settings"]["logit_bias"] == []

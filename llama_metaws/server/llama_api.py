@@ -228,7 +228,10 @@ def completion(body: dict, model: ModelAccess):
                 "mirostat": kwargs["mirostat_mode"], "mirostat_tau": kwargs["mirostat_tau"],
                 "mirostat_eta": kwargs["mirostat_eta"], "stop": stop, "stream": stream, "n_probs": n_probs,
                 "min_keep": 0, "ignore_eos": bool(body.get("ignore_eos")), "grammar": grammar or "",
-                "timings_per_token": bool(body.get("timings_per_token")), "speculative": model.drafting}
+                "timings_per_token": bool(body.get("timings_per_token")), "speculative": model.drafting,
+                # llama-server's list of {token, bias}: -inf (never; ignore_eos's end tokens) is null
+                "logit_bias": [{"token": t, "bias": None if b == float("-inf") else b}
+                               for t, b in sorted((plan.logit_bias or {}).items())]}
     plan.info = settings
     options = Options(body, plan.n_prompt, model.llm.detokenize(ids, special=True).decode("utf-8", "replace"),
                       settings)
