@@ -277,12 +277,14 @@ def test_chat_chunks_and_logprobs_in_llama_servers_shape(server):
 def test_verbose_answers_carry_the_prompt_as_it_ran(server):
     messages = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
     status, prompt = server.json("POST", "/apply-template", {"messages": messages})
+    status, toks = server.json("POST", "/tokenize", {"content": prompt["prompt"], "add_special": True})
+    status, ran = server.json("POST", "/detokenize", {"tokens": toks["tokens"]})  # the prompt as it runs
     for verbose in (True, False):
         status, res = server.json("POST", "/v1/chat/completions", {"messages": messages, "max_tokens": 2,
                                                                    "verbose": verbose})
         assert status == 200
         if verbose:
-            assert res["__verbose"]["prompt"] == prompt["prompt"]
+            assert res["__verbose"]["prompt"] == ran["content"] and "Book" in ran["content"]
             assert res["__verbose"]["content"] == res["choices"][0]["message"]["content"]
         else:
             assert "__verbose" not in res

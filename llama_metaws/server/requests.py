@@ -39,7 +39,8 @@ OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata",
 #: ``timings_per_token`` (each streamed chunk carries the ``timings`` so far),
 #: ``return_progress`` (a stream's first chunk carries ``prompt_progress``, once the prompt is done)
 #: ``id_slot`` (the engine slot to run on; -1: any) and ``verbose`` (the answer carries
-#: ``__verbose``: the prompt as it ran, and the text; also for every request of a server started with -v)
+#: ``__verbose``: the prompt's tokens as text, BOS and special tokens included, and the answer's
+#: text; also for every request of a server started with -v)
 LLAMA_SERVER_ACCEPTED = {"cache_prompt", "timings_per_token", "return_progress", "id_slot", "verbose"}
 
 TokenKey = Tuple[bytes, bool, bool]  # what the binding passes to Llama.tokenize: text, add_bos, special
@@ -194,7 +195,7 @@ class Plan:
     timings_per_token: bool = False  # llama-server's: every streamed chunk carries the timings so far
     return_progress: bool = False    # llama-server's: a stream's first chunk carries prompt_progress
     verbose: bool = False            # llama-server's: the answer carries __verbose (the prompt as it ran)
-    prompt_text: Optional[str] = None  # the prompt as text (a chat's rendered with its template)
+    prompt_text: Optional[str] = None  # the prompt as it runs, its tokens as text (a chat's rendered)
 
     def call_kwargs(self, llm) -> dict:
         """The keyword arguments, completed with what needs the loaded model. A logit bias goes
@@ -515,8 +516,9 @@ def chat(body: dict, model: ModelAccess) -> Plan:
                                                   tool_choice=kwargs.get("tool_choice"),
                                                   functions=kwargs.get("functions"),
                                                   function_call=kwargs.get("function_call"))
-        plan.n_prompt = len(model.tokenize(prompt, add_bos=not added_special, special=True, tokens=plan.tokens))
-        plan.prompt_text = prompt
+        ids = model.tokenize(prompt, add_bos=not added_special, special=True, tokens=plan.tokens)
+        plan.n_prompt = len(ids)
+        plan.prompt_text = model.llm.detokenize(ids, special=True).decode("utf-8", "replace")
         model.check_context(plan.n_prompt, "messages")
     return plan
 
