@@ -1,6 +1,6 @@
 """expected_failures.txt: the suite's tests (or whole files) that cannot pass here, and why.
 
-A line is ``ENTRY | CATEGORY: REASON``. ENTRY is a test's node id as pytest prints it
+A line is ``ENTRY | CATEGORY: REASON`` (the first `` | `` separates them). ENTRY is a test's node id as pytest prints it
 (``unit/test_x.py::test_y[param]``), a prefix of node ids ending in ``*``, or a file
 (``unit/test_x.py``: not run at all). CATEGORY is one of CATEGORIES. ``#`` starts a comment.
 """
@@ -46,9 +46,9 @@ def load_expected(path: Path) -> List[Entry]:
         line = line.split("#", 1)[0].strip() if line.lstrip().startswith("#") else line.strip()
         if not line:
             continue
-        if "|" not in line:
+        if " | " not in line:
             raise ValueError(f"{path}:{n}: expected 'ENTRY | CATEGORY: REASON', got {line!r}")
-        pattern, rest = (x.strip() for x in line.rsplit("|", 1))
+        pattern, rest = (x.strip() for x in line.split(" | ", 1))
         category, _, reason = rest.partition(":")
         category = category.strip()
         if category not in CATEGORIES or not reason.strip():
