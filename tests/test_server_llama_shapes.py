@@ -300,3 +300,17 @@ def test_generation_settings_list_the_logit_bias(server):
     assert res["generation_settings"]["logit_bias"] == [{"token": 5, "bias": -2.5}]
     status, res = server.json("POST", "/completion", {"prompt": PROMPT, "n_predict": 2})
     assert res["generation_settings"]["logit_bias"] == []
+
+
+def test_the_servers_seed_is_every_requests_default_and_n_predict_works_on_openai_routes(server):
+    body = {"prompt": PROMPT, "n_predict": 6, "temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    texts = {server.json("POST", "/completion", body)[1]["content"] for _ in range(2)}
+    assert len(texts) == 1  # -s 42: the same seed each time, as llama-server samples
+    status, res = server.json("POST", "/completion", dict(body, seed=7))
+    assert res["generation_settings"]["seed"] == 7
+    status, res = server.json("POST", "/completion", body)
+    assert res["generation_settings"]["seed"] == 42
+    status, oai = server.json("POST", "/v1/completions", {"prompt": PROMPT, "n_predict": 3})
+    assert status == 200 and oai["usage"]["completion_tokens"] == 3
+    status, bad = server.json("POST", "/v1/completions", {"prompt": PROMPT, "n_predict": "x"})
+    assert status == 400 and bad["error"]["param"] == "n_predict"

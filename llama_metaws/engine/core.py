@@ -419,9 +419,11 @@ class Engine:
         if self.after_decode is not None:
             self.after_decode("target")
         if rc != 0:
+            # 1: no KV cells free for the batch (llama.h), what llama-server reports as below
+            why = "; the context size has been exceeded (no free KV cells)" if rc == 1 else ""
             raise DecodeError(f"llama_decode on the target context returned {rc} during {phase} ({b.n} tokens, "
                               f"{b.n_outputs} output rows; n_batch {self.n_batch}, "
-                              f"n_outputs_max {self.n_outputs_max})")
+                              f"n_outputs_max {self.n_outputs_max}){why}")
 
     def take_checkpoints(self, seg: Segment, rows) -> None:
         slot = seg.slot

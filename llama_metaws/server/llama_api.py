@@ -176,6 +176,8 @@ def completion(body: dict, model: ModelAccess):
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise _bad("seed", "an integer is expected")
+    if seed is None and model.seed != -1:  # llama-server's: the server's -s, when it was given
+        seed = model.seed
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "true or false is expected")

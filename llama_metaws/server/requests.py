@@ -40,8 +40,9 @@ OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata",
 #: ``return_progress`` (a stream's first chunk carries ``prompt_progress``, once the prompt is done)
 #: ``id_slot`` (the engine slot to run on; -1: any) and ``verbose`` (the answer carries
 #: ``__verbose``: the prompt's tokens as text, BOS and special tokens included, and the answer's
-#: text; also for every request of a server started with -v)
-LLAMA_SERVER_ACCEPTED = {"cache_prompt", "timings_per_token", "return_progress", "id_slot", "verbose"}
+#: text; also for every request of a server started with -v); ``n_predict`` is llama-server's
+#: name of ``max_tokens`` (-1: up to the context)
+LLAMA_SERVER_ACCEPTED = {"cache_prompt", "timings_per_token", "return_progress", "id_slot", "verbose", "n_predict"}
 
 TokenKey = Tuple[bytes, bool, bool]  # what the binding passes to Llama.tokenize: text, add_bos, special
 
@@ -253,6 +254,18 @@ def _request_types():
 _PLAN_FLAGS = ("timings_per_token", "return_progress", "id_slot", "verbose")
 
 
+def _n_predict(body: dict) -> dict:
+    """llama-server's ``n_predict`` as ``max_tokens`` (when that is absent); -1 or 0: no limit
+    but the context's."""
+    if "n_predict" not in body or body.get("max_tokens") is not None:
+        return body
+    value = body["n_predict"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise RequestError(400, f"invalid 'n_predict': {value!r}; an integer, -1 (up to the context) or more",
+                           param="n_predict", code="invalid_value")
+    return dict(body, max_tokens=value if value > 0 else None)
+
+
 def llama_server_fields(body: dict, plan: "Plan", model: "ModelAccess") -> None:
     """llama-server's ``timings_per_token``, ``return_progress`` (booleans) and ``id_slot`` (a
     slot, or -1) onto the plan; a 400 for any other value."""
@@ -369,9 +382,12 @@ def _logit_bias(model: ModelAccess, req, kind: str) -> Optional[Dict[int, float]
 
 
 def _defaults(model: ModelAccess, body: dict, max_key: str) -> dict:
-    """The server's --temp and -n where the request does not say."""
+    """The server's --temp, -n and -s where the request does not say (llama-server's: a request
+    without a seed samples with the server's)."""
     if model.temperature is not None and body.get("temperature") is None:
         body = dict(body, temperature=model.temperature)
+    if model.seed != -1 and body.get("seed") is None:
+        body = dict(body, seed=model.seed)
     if model.n_predict is not None and body.get(max_key) is None and body.get("max_completion_tokens") is None:
         body = dict(body, **{max_key: model.n_predict if model.n_predict > 0 else None})
     return body
@@ -396,6 +412,7 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     include_usage = _stream_options(body)
     reuse = cache_prompt(body)
     flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
+    body = _n_predict(body)
     body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
     check_max_tokens(body, "max_tokens")
     n_choices = choices_wanted(body)
@@ -482,6 +499,7 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     include_usage = _stream_options(body)
     reuse = cache_prompt(body)
     flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
+    body = _n_predict(body)
     body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
     check_max_tokens(body, "max_tokens")
     check_max_tokens(body, "max_completion_tokens")
