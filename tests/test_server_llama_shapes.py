@@ -263,6 +263,7 @@ def test_chat_chunks_and_logprobs_in_llama_servers_shape(server):
     client = server.client()
     messages = [{"role": "user", "content": "hi"}]
     chunks = list(client.chat.completions.create(model="x", max_tokens=3, messages=messages, stream=True))
+    assert all(c.choices[0].delta.content != "" for c in chunks if c.choices)  # no empty content delta
     first = chunks[0].model_dump()["choices"][0]["delta"]
     assert first["role"] == "assistant" and "content" in chunks[0].choices[0].delta.model_fields_set
     assert chunks[0].system_fingerprint.startswith("b")

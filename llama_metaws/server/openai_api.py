@@ -53,7 +53,8 @@ def _public(out: dict) -> dict:
 
 def _shaped(out: dict) -> dict:
     """A chat answer or chunk as llama-server shapes it: a role delta carries ``content: null``,
-    and each logprob its token's UTF-8 ``bytes`` (the binding's chat logprobs have ``bytes: null``)."""
+    no delta an empty ``content``, and each logprob its token's UTF-8 ``bytes`` (the binding's chat
+    logprobs have ``bytes: null``)."""
     choices = out.get("choices")
     if not choices:
         return out
@@ -62,6 +63,9 @@ def _shaped(out: dict) -> dict:
         delta = c.get("delta")
         if isinstance(delta, dict) and "role" in delta and "content" not in delta:
             c = dict(c, delta=dict(delta, content=None))
+        elif isinstance(delta, dict) and delta.get("content") == "" and "role" not in delta:
+            # llama-server sends no empty content delta (a piece held back, or the last chunk's)
+            c = dict(c, delta={k: v for k, v in delta.items() if k != "content"})
         lp = c.get("logprobs")
         if isinstance(lp, dict) and isinstance(lp.get("content"), list):
             c = dict(c, logprobs=dict(lp, content=[_with_bytes(e) for e in lp["content"]]))
