@@ -7,7 +7,10 @@ logprobs and usage. What differs is underneath: the prompt becomes an engine
 :class:`~llama_metaws.engine.request.Request` and the tokens come from the engine's thread, so
 that several threads' completions on one ``Llama`` run in the same steps. Logprobs need no
 ``logits_all``: the engine returns the logits row each token was sampled from (and with ``echo``,
-the prompt's rows).
+the prompt's rows). Each logprobs object also carries ``token_ids`` (the tokens' ids) and
+``top_ids`` (per token, its ``[id, logprob]`` pairs, best first): what llama-server's
+``completion_probabilities`` need, which the binding's text-keyed ``top_logprobs`` cannot give
+(two tokens may print alike); the OpenAI answers leave them out.
 """
 
 from __future__ import annotations
@@ -87,13 +90,15 @@ class _Logprobs:
         self.llm, self.n = llm, n
 
     def entry(self, row: np.ndarray, token: int, token_str: str, prev: List[int], top_prev=None):
+        """The token's logprob, the binding's ``{text: logprob}`` of the best, and the best as
+        ``[id, logprob]`` pairs."""
         lp = llama_cpp.Llama.logits_to_logprobs(row)
         # the binding's order: by logprob, then by token id, both descending
         order = np.lexsort((np.arange(lp.shape[0]), lp))[::-1][: self.n]
         detok = self.llm.detokenize
         top = {detok([int(i)], prev_tokens=top_prev).decode("utf-8", errors="ignore"): float(lp[i]) for i in order}
         top[token_str] = float(lp[int(token)])
-        return float(lp[int(token)]), top
+        return float(lp[int(token)]), top, [[int(i), float(lp[i])] for i in order]
 
 
 def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[int] = 16, temperature: float = 0.8,
@@ -263,8 +268,9 @@ def _stream_pieces(llm, tokens, completion_tokens, returned, rows, stops, lp, pr
             token_str = piece.decode("utf-8", errors="ignore")
             offset = len(prompt) + len(detok(completion_tokens[:returned], prev_tokens=prev).decode("utf-8", errors="ignore"))
             row = _row_of(rows, returned)
-            value, top = lp.entry(row, token, token_str, None)
-            obj = {"tokens": [token_str], "text_offset": [offset], "token_logprobs": [value], "top_logprobs": [top]}
+            value, top, ranked = lp.entry(row, token, token_str, None)
+            obj = {"tokens": [token_str], "text_offset": [offset], "token_logprobs": [value], "top_logprobs": [top],
+                   "token_ids": [int(token)], "top_ids": [ranked]}
             returned += 1
             yield (returned, detok([token], prev_tokens=tokens + completion_tokens[:returned]).decode(
                 "utf-8", errors="ignore"), obj, None)
@@ -304,9 +310,9 @@ def _stream_rest(llm, tokens, completion_tokens, returned, rows, stops, lp, prom
             token_str = detok([token]).decode("utf-8", errors="ignore")
             offset = len(prompt) + len(detok(completion_tokens[:returned],
                                              prev_tokens=tokens + completion_tokens[:returned]))
-            value, top = lp.entry(_row_of(rows, returned), token, token_str, None)
+            value, top, ranked = lp.entry(_row_of(rows, returned), token, token_str, None)
             obj = {"tokens": [detok([token]).decode("utf-8", errors="ignore")], "text_offset": [offset],
-                   "token_logprobs": [value], "top_logprobs": [top]}
+                   "token_logprobs": [value], "top_logprobs": [top], "token_ids": [int(token)], "top_ids": [ranked]}
         if end_pos >= end:
             last = detok([token])
             if end_pos == end - 1:
@@ -327,17 +333,20 @@ def _final_logprobs(llm, tokens, completion_tokens, rows, prompt_rows, echo, pro
         all_tokens = completion_tokens
         all_rows = list(rows)
     strs = [detok([t], prev_tokens=all_tokens[:i]).decode("utf-8", errors="ignore") for i, t in enumerate(all_tokens)]
-    offsets, values, toks, tops = [], [], [], []
+    offsets, values, toks, tops, ids, ranks = [], [], [], [], [], []
     lp = _Logprobs(llm, logprobs)
     for idx, (token, token_str, row) in enumerate(zip(all_tokens, strs, all_rows)):
         if token == bos:
             continue
         offsets.append(text_offset + len(detok(all_tokens[:idx]).decode("utf-8", errors="ignore")))
         toks.append(token_str)
-        value, top = lp.entry(row, token, token_str, all_tokens[:idx])
+        value, top, ranked = lp.entry(row, token, token_str, all_tokens[:idx])
         values.append(value)
         tops.append(top)
+        ids.append(int(token))
+        ranks.append(ranked)
     if echo and all_tokens:  # OpenAI's API gives no logprob for the first token
         values[0] = None
         tops[0] = None
-    return {"tokens": toks, "text_offset": offsets, "token_logprobs": values, "top_logprobs": tops}
+    return {"tokens": toks, "text_offset": offsets, "token_logprobs": values, "top_logprobs": tops,
+            "token_ids": ids, "top_ids": ranks}

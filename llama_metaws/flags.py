@@ -67,6 +67,10 @@ REFUSED_SERVER_FLAGS = {
     ("--mmproj", "-mm"): "no multimodal projector: this server serves text models",
     ("--embedding", "--embeddings", "--reranking", "--rerank"): "this server generates text; it has no "
     "embedding or reranking endpoints",
+    ("--context-shift",): "context shift is not served: the MTP targets this server is for (qwen35 and other "
+    "hybrids) keep recurrent state, which cannot be shifted (llama.cpp turns context shift off for such memory "
+    "too), and the engine's prompt reuse, checkpoints and MTP draft context take a slot's positions to be its "
+    "tokens' indices; a request that fills its slot's context ends with finish_reason 'length'",
     ("-nocb", "--no-cont-batching"): "the engine always batches every running request into one step "
     "(continuous batching); serve -np 1 runs one request at a time",
 }
@@ -141,10 +145,24 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
     """llama-server's own flags (``serve``), and the queue limit."""
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on, or several comma-separated (e.g. 127.0.0.1,::1; default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
-    p.add_argument("-a", "--alias", help="the model's name in the API (default: the file's name)")
+    p.add_argument("-a", "--alias", help="the model's names in the API, comma-separated: /v1/models lists them "
+                   "as its aliases, its id (and the name answers carry) the first in sorted order "
+                   "(default: the file's name)")
+    p.add_argument("--tags", help="the model's tags, comma-separated (informational: /v1/models lists them)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    p.add_argument("--cors-origins", default="*", metavar="ORIGINS",
+                   help="allowed origins for CORS (default *: with credentials, the request's Origin is "
+                   "echoed); localhost: the Origin echoed only when it is localhost; else sent as given")
+    p.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS", metavar="METHODS",
+                   help="allowed methods for CORS (default: GET, POST, DELETE, OPTIONS)")
+    p.add_argument("--cors-headers", default="*", metavar="HEADERS", help="allowed headers for CORS (default *)")
+    p.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True,
+                   help="allow credentials for CORS (the default)")
+    p.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false",
+                   help="do not allow credentials for CORS")
     p.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at GET /metrics")
     p.add_argument("--queue-size", type=int, default=16,
                    help="requests that may wait while -np run (default 16); one more gets a 503")
@@ -167,6 +185,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spm-infill", action="store_true",
                    help="/infill: the suffix before the prefix (Suffix/Prefix/Middle), for models that "
                    "were trained so")
+    p.add_argument("--no-context-shift", action="store_true",
+                   help="accepted: context shift is always off here (see --context-shift's error)")
     p.add_argument("--slots", dest="slots", action="store_true", default=True,
                    help="serve GET /slots (the default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve GET /slots")

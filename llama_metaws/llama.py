@@ -538,11 +538,11 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
 
     def engine_stats(self) -> dict:
         """The engine's steps so far, the target's and the draft's graphs (ubatches) over them, the
-        most slots busy in one step, and ``cost_prior``: draft_max="auto"'s (else None, see
-        :meth:`engine.prior.CostPrior.describe`)."""
+        most slots busy in one step, the busy slots summed over the steps, and ``cost_prior``:
+        draft_max="auto"'s (else None, see :meth:`engine.prior.CostPrior.describe`)."""
         e = self._engine
         return {"steps": e.steps, "graphs_target": e.graphs_target, "graphs_draft": e.graphs_draft,
-                "slots": len(e.slots), "slots_busy_max": e.peak_busy,
+                "slots": len(e.slots), "slots_busy_max": e.peak_busy, "busy_slot_steps": e.busy_slot_steps,
                 "cost_prior": e.prior.describe() if e.prior is not None else None}
 
     def draft_lengths(self) -> dict:

@@ -128,9 +128,11 @@ class Server:
 
 
 def error_of(exc):
-    """OpenAI's error object of an ``openai.APIStatusError``, its shape checked."""
+    """OpenAI's error object of an ``openai.APIStatusError``, its shape checked (a prompt too long
+    for the context adds llama-server's ``n_prompt_tokens`` and ``n_ctx``)."""
     body = exc.value.response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    extra = {"n_prompt_tokens", "n_ctx"} if body["error"].get("type") == "exceed_context_size_error" else set()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"} | extra, body
     return body["error"]
 
 

@@ -276,8 +276,8 @@ BAD = {
     "empty prompt": (400, "prompt", lambda c: _complete(c, prompt="")),
     "two prompts": (400, "prompt", lambda c: _complete(c, prompt=["a b", "c d"])),
     "no messages": (400, "messages", lambda c: c.chat.completions.create(model="tiny-mtp", messages=[])),
-    "n=2 (completions)": (400, "n", lambda c: _complete(c, n=2)),
-    "n=2 (chat)": (400, "n", lambda c: _chat(c, n=2)),
+    "n=0 (completions)": (400, "n", lambda c: _complete(c, n=0)),
+    "n=17 (chat)": (400, "n", lambda c: _chat(c, n=17)),
     "best_of=3": (400, "best_of", lambda c: _complete(c, best_of=3)),
     "too long, streamed": (400, "prompt", lambda c: list(_complete(c, prompt=TOO_LONG, stream=True))),
     "too long, chat streamed": (400, "messages", lambda c: list(c.chat.completions.create(

@@ -8,11 +8,9 @@ named in the GGUF's ``tokenizer.ggml.fim_*_token_id`` keys). A model without the
 import pytest
 
 from llama_metaws.testing import make_tiny_model
-from llama_metaws.testing.vocab import FIM_TOKENS
 from serving import Server, llama_error
 
-PRE, SUF, MID = FIM_TOKENS["FIM_PRE_ID"], FIM_TOKENS["FIM_SUF_ID"], FIM_TOKENS["FIM_MID_ID"]
-REP, SEP = FIM_TOKENS["FIM_REP_ID"], FIM_TOKENS["FIM_SEP_ID"]
+PRE, SUF, MID, REP, SEP = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"
 BODY = {"input_prefix": "int main() {\n", "prompt": "    int n = ", "input_suffix": "}\n",
         "input_extra": [{"filename": "llama.h", "text": "int llama_n(void);\n"}], "n_predict": 6,
         "temperature": 0}

@@ -139,7 +139,9 @@ def test_props_and_slots_tell_the_truth(server, reference):
     before = max(s["id_task"] for s in slots)
     server.json("POST", "/completion", {"prompt": PROMPT, "n_predict": 3})
     slot = max(server.json("GET", "/slots")[1], key=lambda s: s["id_task"])  # the slot it ran on
-    assert slot["id_task"] > before and slot["next_token"][0]["n_decoded"] == 3
+    assert slot["id_task"] > before and slot["params"]["n_predict"] == 3
+    # idle again: the finished task's budget does not stay on the slot (llama-server's)
+    assert slot["next_token"][0]["n_decoded"] == 0 and slot["next_token"][0]["n_remain"] == -1
     assert slot["n_past"] >= slot["n_prompt_tokens"]  # what the slot holds for the next request
     assert slot["params"]["n_predict"] == 3
     assert server.json("GET", "/slots?fail_on_no_slot=1")[0] == 200
@@ -192,7 +194,8 @@ def test_llama_servers_flags_map_to_the_model_and_the_others_are_refused_by_name
 
     assert {n: int(gguf.GGMLQuantizationType[n.upper()]) for n in flags.KV_CACHE_TYPES} == flags.KV_CACHE_TYPES
     for argv, words in ((["--no-jinja"], "Jinja only"), (["--lora", "a.gguf"], "adapters"),
-                        (["-ctk", "q3_k"], "not a KV cache type"), (["--props"], "GET /props")):
+                        (["-ctk", "q3_k"], "not a KV cache type"), (["--props"], "GET /props"),
+                        (["--context-shift"], "recurrent state, which cannot be shifted")):
         with pytest.raises(SystemExit):
             p.parse_args(["serve", "-m", "x.gguf", *argv])
         err = capsys.readouterr().err

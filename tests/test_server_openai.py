@@ -113,7 +113,7 @@ def test_system_fingerprint_and_cached_tokens(client):
     first = _chat(client, messages=long, max_tokens=4)
     second = _chat(client, messages=long + [{"role": "assistant", "content": first.choices[0].message.content},
                                             {"role": "user", "content": "and then"}], max_tokens=4)
-    assert first.system_fingerprint and first.system_fingerprint.startswith("fp_")
+    assert first.system_fingerprint and first.system_fingerprint.startswith("b0.3.36-")
     assert second.system_fingerprint == first.system_fingerprint
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached == second.model_extra["timings"]["cache_n"] and cached >= first.usage.prompt_tokens // 2

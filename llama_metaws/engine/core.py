@@ -148,6 +148,7 @@ class Engine:
         self.last: Optional[Request] = None   # the request that ended last
         self.steps = 0
         self.peak_busy = 0                   # the most slots busy in one step
+        self.busy_slot_steps = 0             # busy slots summed over the steps (their mean: /metrics)
         self.graphs_target = 0
         self.graphs_draft = 0
         self._pieces: dict = {}
@@ -306,6 +307,7 @@ class Engine:
             return True
         self.steps += 1
         self.peak_busy = max(self.peak_busy, len(plan.segments) + len(plan.draft_only))
+        self.busy_slot_steps += len(plan.segments) + len(plan.draft_only)
         self.graphs_target += self.graphs(plan.segments)
         if self.after_step is not None:  # before the requests hear of the step: the contexts are still ours
             try:
@@ -418,9 +420,11 @@ class Engine:
         if self.after_decode is not None:
             self.after_decode("target")
         if rc != 0:
+            # 1: no KV cells free for the batch (llama.h), what llama-server reports as below
+            why = "; the context size has been exceeded (no free KV cells)" if rc == 1 else ""
             raise DecodeError(f"llama_decode on the target context returned {rc} during {phase} ({b.n} tokens, "
                               f"{b.n_outputs} output rows; n_batch {self.n_batch}, "
-                              f"n_outputs_max {self.n_outputs_max})")
+                              f"n_outputs_max {self.n_outputs_max}){why}")
 
     def take_checkpoints(self, seg: Segment, rows) -> None:
         slot = seg.slot

@@ -28,6 +28,30 @@ GRACEFUL_SHUTDOWN_S = 3   # uvicorn waits this long for open connections after a
 WORKER_JOIN_S = 5         # then the model's thread this long before the process exits anyway
 
 
+def listen(hosts: str, port: int) -> list:
+    """A listening socket on ``port`` for each of llama-server's comma-separated ``--host``
+    addresses (IPv4 or IPv6, e.g. ``127.0.0.1,::1``)."""
+    import socket
+
+    out = []
+    try:
+        for host in [h.strip().strip("[]") for h in hosts.split(",") if h.strip()] or ["127.0.0.1"]:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            out.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((host, port))
+            sock.listen(2048)
+            sock.set_inheritable(True)
+    except BaseException:
+        for sock in out:
+            sock.close()
+        raise
+    return out
+
+
 def serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -63,13 +87,19 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     if template is not None:  # chats render as /apply-template shows them (see .chat)
         llm.chat_handler = template.handler
-    alias = args.alias or Path(args.model).name
-    model = ModelAccess(llm, template, alias=alias, temperature=args.temp, n_predict=args.n_predict,
-                        spm_infill=args.spm_infill)
+    def names(text):
+        return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+    model = ModelAccess(llm, template, alias=Path(args.model).name, aliases=names(args.alias),
+                        tags=names(args.tags), temperature=args.temp, n_predict=args.n_predict, seed=args.seed,
+                        verbose=args.verbose, spm_infill=args.spm_infill)
+    alias = model.alias
     worker = ModelWorker(llm, queue_size=args.queue_size)
     app = create_app(worker, model, api_key=args.api_key, metrics=args.metrics, slots=args.slots,
                      max_body_size=args.max_body_size, model_path=args.model,
-                     build_info=f"llama-metaws {system_fingerprint()}", slot_save_path=args.slot_save_path)
+                     build_info=f"llama-metaws {system_fingerprint()}", slot_save_path=args.slot_save_path,
+                     cors=dict(origins=args.cors_origins, methods=args.cors_methods, headers=args.cors_headers,
+                               credentials=args.cors_credentials))
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # SIGTERM, SIGINT: cancel the request in flight too
@@ -82,9 +112,16 @@ def serve(args: argparse.Namespace) -> int:
     # model is closed below (a signal during that bounded wait is ignored too)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: None)
+    try:
+        sockets = listen(args.host, args.port)
+    except (OSError, ValueError) as e:
+        worker.close(timeout=WORKER_JOIN_S)
+        llm.close()
+        print(f"llama-metaws serve: cannot listen on {args.host} port {args.port}: {e}", file=sys.stderr)
+        return 3
     print(f"llama-metaws serve: http://{args.host}:{args.port}/v1 (model {alias!r})", file=sys.stderr,
           flush=True)
-    Server(config).run()
+    Server(config).run(sockets=sockets)
     if worker.close(timeout=WORKER_JOIN_S):
         llm.close()
     else:

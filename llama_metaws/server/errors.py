@@ -5,11 +5,15 @@ string ``code``; llama-server's own routes (``/completion``, ``/tokenize``, ``/p
 answer its shape, ``{"error": {"code": <HTTP status>, "message", "type"}}`` with its types
 (``invalid_request_error``, ``authentication_error``, ``not_found_error``, ``server_error``,
 ``not_supported_error``, ``unavailable_error``, ``exceed_context_size_error``); Anthropic's
-``/v1/messages`` answers ``{"type": "error", "error": {"type", "message"}}``.
+``/v1/messages`` answers ``{"type": "error", "error": {"type", "message"}}``. A prompt too long
+for the context is llama-server's ``exceed_context_size_error`` with ``n_prompt_tokens`` and
+``n_ctx`` on OpenAI's routes too (as llama-server answers them there), its ``code`` OpenAI's
+``context_length_exceeded``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Optional
 
 from ..engine.rpc import RPCServerError
@@ -56,6 +60,9 @@ class RequestError(Exception):
                 kind = _LLAMA_TYPES.get(self.status, "server_error" if self.status >= 500 else
                                         "invalid_request_error")
             return {"error": {"code": self.status, "message": self.message, "type": kind, **self.extra}}
+        if self.code == "context_length_exceeded":
+            return {"error": {"message": self.message, "type": "exceed_context_size_error", "param": self.param,
+                              "code": self.code, **self.extra}}
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
@@ -97,8 +104,10 @@ def from_model_error(error: BaseException, prompt_param: str, grammar_param: Opt
     if isinstance(error, ValueError):
         if "exceed context window" in text:
             # the binding's "Requested tokens (N) exceed context window of C"
+            numbers = re.findall(r"\d+", text)
+            extra = {"n_prompt_tokens": int(numbers[0]), "n_ctx": int(numbers[-1])} if len(numbers) >= 2 else {}
             return RequestError(400, f"the prompt is too long for the context: {text}; use a shorter "
                                 "prompt or start the server with a larger -c",
-                                param=prompt_param, code="context_length_exceeded")
+                                param=prompt_param, code="context_length_exceeded", extra=extra)
         return RequestError(400, text or "invalid request")
     return RequestError(500, f"{type(error).__name__}: {text}", type="server_error")

@@ -12,8 +12,10 @@ tokenized, nothing is generated), ``temperature``, ``top_k``, ``top_p``, ``min_p
 ``typical_p``, ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``, ``mirostat``,
 ``mirostat_tau``, ``mirostat_eta``, ``seed``, ``stop``, ``stream``, ``grammar``, ``json_schema``,
 ``logit_bias`` (its array and object forms, ids or strings, ``false`` for never),
-``ignore_eos``, ``min_tokens``, ``n_probs`` (the binding's logprobs: needs a model loaded with
-``logits_all``), ``id_slot`` (-1: any slot; else the slot to run on), ``cache_prompt``
+``ignore_eos``, ``min_tokens``, ``n_probs`` (``completion_probabilities``: each token's ``id``,
+``token``, ``bytes`` and ``logprob`` with the ``n_probs`` best as ``top_logprobs``; with
+``post_sampling_probs``, ``prob`` and ``top_probs`` after the sampler's truncation and
+temperature), ``id_slot`` (-1: any slot; else the slot to run on), ``cache_prompt``
 (true, the default: reuse the prefix of the prompt the slot holds), ``return_tokens``, ``return_progress`` (one
 ``prompt_progress`` event once the prompt is done), ``timings_per_token``, ``response_fields``.
 Accepted and without effect here: :data:`IGNORED`. Refused unless at their "off" value:
@@ -31,7 +33,7 @@ from .requests import ModelAccess, Plan, cache_prompt
 #: the others shape what this server does not do
 IGNORED = ("samplers", "n_keep", "n_cache_reuse", "min_keep", "dynatemp_exponent",
            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
-           "repeat_last_n", "post_sampling_probs", "sse_ping_interval", "top_n_sigma", "message_delimiters",
+           "repeat_last_n", "sse_ping_interval", "top_n_sigma", "message_delimiters",
            "model")
 
 #: fields whose every other value is refused (a 400 naming it): what they turn on is not here
@@ -130,6 +132,8 @@ class Options:
         self.prompt_text = prompt_text
         self.settings = settings
         self.stop = settings.get("stop") or []
+        self.n_probs = settings.get("n_probs", 0)
+        self.post_sampling_probs = bool(body.get("post_sampling_probs"))
 
 
 def _slot(job) -> int:
@@ -172,6 +176,8 @@ def completion(body: dict, model: ModelAccess):
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise _bad("seed", "an integer is expected")
+    if seed is None and model.seed != -1:  # llama-server's: the server's -s, when it was given
+        seed = model.seed
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "true or false is expected")
@@ -212,6 +218,11 @@ def completion(body: dict, model: ModelAccess):
         raise _bad("n_probs", "an integer >= 0 is expected")
     if n_probs:
         kwargs["logprobs"] = n_probs
+        if body.get("post_sampling_probs"):
+            # the candidates top_k leaves (every token without it): the truncation that follows
+            # needs them all, and the n_probs best are shown
+            k = kwargs["top_k"]
+            kwargs["logprobs"] = min(max(n_probs, k if k > 0 else model.n_vocab), model.n_vocab)
     settings = {"n_predict": n_predict, "max_tokens": n_predict, "seed": seed if seed is not None else -1,
                 "temperature": kwargs["temperature"], "top_k": kwargs["top_k"], "top_p": kwargs["top_p"],
                 "min_p": kwargs["min_p"], "typical_p": kwargs["typical_p"], "repeat_penalty": kwargs["repeat_penalty"],
@@ -219,7 +230,10 @@ def completion(body: dict, model: ModelAccess):
                 "mirostat": kwargs["mirostat_mode"], "mirostat_tau": kwargs["mirostat_tau"],
                 "mirostat_eta": kwargs["mirostat_eta"], "stop": stop, "stream": stream, "n_probs": n_probs,
                 "min_keep": 0, "ignore_eos": bool(body.get("ignore_eos")), "grammar": grammar or "",
-                "timings_per_token": bool(body.get("timings_per_token")), "speculative": model.drafting}
+                "timings_per_token": bool(body.get("timings_per_token")), "speculative": model.drafting,
+                # llama-server's list of {token, bias}: -inf (never; ignore_eos's end tokens) is null
+                "logit_bias": [{"token": t, "bias": None if b == float("-inf") else b}
+                               for t, b in sorted((plan.logit_bias or {}).items())]}
     plan.info = settings
     options = Options(body, plan.n_prompt, model.llm.detokenize(ids, special=True).decode("utf-8", "replace"),
                       settings)
@@ -227,7 +241,7 @@ def completion(body: dict, model: ModelAccess):
     return plan, options
 
 
-def _timings_now(piece: dict, n_prompt: int) -> dict:
+def timings_now(piece: dict, n_prompt: int) -> dict:
     """A stream event's timings, measured by the worker (``timings_per_token``)."""
     t_first = piece.get("t_first") or piece["t"]
     prompt_ms = (t_first - piece["t_started"]) * 1e3 if piece.get("t_started") else 0.0
@@ -237,6 +251,39 @@ def _timings_now(piece: dict, n_prompt: int) -> dict:
             "prompt_per_second": n_prompt / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
             "predicted_n": n, "predicted_ms": predicted_ms,
             "predicted_per_second": n / predicted_ms * 1e3 if predicted_ms > 0 and n else 0.0}
+
+
+def _post_sampling(ranked: List[list], settings: dict) -> List[tuple]:
+    """``(id, prob)`` after the binding's chain truncates and tempers the ``top_k`` candidates
+    (``ranked``: ``[id, logprob]``, best first): top-p, min-p, then the temperature; best first,
+    no zero probabilities."""
+    import math
+
+    if not ranked:
+        return []
+    temp = settings.get("temperature", 0.8)
+    if temp <= 0:  # greedy: the best token is certain
+        return [(ranked[0][0], 1.0)]
+    lps = [lp for _, lp in ranked]
+    top = lps[0]
+    probs = [math.exp(lp - top) for lp in lps]
+    total = sum(probs)
+    probs = [p / total for p in probs]
+    keep = len(probs)
+    top_p = settings.get("top_p", 1.0)
+    if top_p < 1.0:
+        acc = 0.0
+        for i, p in enumerate(probs):
+            acc += p
+            if acc >= top_p:
+                keep = i + 1
+                break
+    min_p = settings.get("min_p", 0.0)
+    if min_p > 0.0:
+        keep = max(1, min(keep, sum(1 for p in probs[:keep] if p >= min_p * probs[0])))
+    weights = [math.exp((lp - top) / temp) for lp in lps[:keep]]
+    total = sum(weights)
+    return [(ranked[i][0], w / total) for i, w in enumerate(weights) if w > 0.0]
 
 
 def _select(res: dict, fields) -> dict:
@@ -291,12 +338,31 @@ class Responder:
         choice = out["choices"][0]
         res = self.final(choice.get("text", ""), job.token_ids, out.get("timings"), choice.get("finish_reason"),
                          _slot(job))
-        if choice.get("logprobs") and not self.options.response_fields:
-            lp = choice["logprobs"]
-            res["completion_probabilities"] = [
-                {"token": tok, "logprob": p, "top_logprobs": [{"token": k, "logprob": v} for k, v in (top or {}).items()]}
-                for tok, p, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("top_logprobs") or [])]
+        if self.options.n_probs and not self.options.response_fields:
+            res["completion_probabilities"] = self.probabilities(choice.get("logprobs"))
         return res
+
+    def _piece(self, token: int) -> dict:
+        raw = self.model.llm.detokenize([token], special=True)
+        return {"id": token, "token": raw.decode("utf-8", "replace"), "bytes": list(raw)}
+
+    def probabilities(self, lp: Optional[dict]) -> List[dict]:
+        """llama-server's ``completion_probabilities`` from a logprobs object (see
+        :mod:`llama_metaws.completion`: its ``token_ids`` and ``top_ids``)."""
+        if not lp or "token_ids" not in lp:
+            return []
+        n, out = self.options.n_probs, []
+        for token, logprob, ranked in zip(lp["token_ids"], lp["token_logprobs"], lp["top_ids"]):
+            entry = self._piece(token)
+            if self.options.post_sampling_probs:
+                post = _post_sampling(ranked, self.options.settings)
+                entry["prob"] = next((p for t, p in post if t == token), 0.0)
+                entry["top_probs"] = [dict(self._piece(t), prob=p) for t, p in post[:n]]
+            else:
+                entry["logprob"] = logprob
+                entry["top_logprobs"] = [dict(self._piece(t), logprob=v) for t, v in ranked[:n]]
+            out.append(entry)
+        return out
 
     def zero(self) -> dict:
         """n_predict 0: the prompt, tokenized; nothing generated."""
@@ -318,7 +384,9 @@ class Responder:
             event = {"index": 0, "content": text, "tokens": piece["tokens"], "stop": False, "id_slot": _slot(job),
                      "tokens_predicted": piece["n_decoded"], "tokens_evaluated": self.options.n_prompt}
             if self.options.timings_per_token:
-                event["timings"] = _timings_now(piece, self.options.n_prompt)
+                event["timings"] = timings_now(piece, self.options.n_prompt)
+            if self.options.n_probs:
+                event["completion_probabilities"] = self.probabilities(choice.get("logprobs"))
             out.append(event)
         if choice.get("finish_reason") is not None:
             out.append(self.final(self.text, job.token_ids, chunk.get("timings"), choice["finish_reason"], _slot(job)))
@@ -332,7 +400,7 @@ def props(model: ModelAccess, *, total_slots: int, slots_endpoint: bool, metrics
           build_info: str) -> dict:
     """GET /props: this server as it is (one slot, its defaults, its template)."""
     llm = model.llm
-    params = dict(_DEFAULTS, n_predict=model.n_predict if model.n_predict is not None else -1, seed=-1,
+    params = dict(_DEFAULTS, n_predict=model.n_predict if model.n_predict is not None else -1, seed=model.seed,
                   stop=[], stream=False, n_probs=0, min_keep=0, ignore_eos=False, grammar="")
     params["mirostat"] = params.pop("mirostat_mode")
     if model.temperature is not None:

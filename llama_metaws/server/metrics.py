@@ -1,4 +1,10 @@
-"""``GET /metrics``: Prometheus text with llama-server's names, and the workspace's gauges."""
+"""``GET /metrics``: Prometheus text with llama-server's names, and the workspace's gauges.
+
+llama-server's families: its counters (prompt tokens evaluated and, apart, those kept from an
+earlier request, tokens predicted, their seconds, decode calls, the most tokens a slot held,
+drafts) and gauges (prompt and generation tokens per second over the requests so far, requests
+processing and deferred, busy slots per decode); the route adds its ``Process-Start-Time-Unix``
+header."""
 
 from __future__ import annotations
 
@@ -9,17 +15,35 @@ def _escape(value: str) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _rate(n: float, seconds: float) -> float:
+    return n / seconds if seconds > 0 else 0.0
+
+
 def render(worker) -> str:
     c = worker.counters.read()
+    steps = c.engine.get("steps", 0)
     families: List[Tuple[str, str, str, list]] = [
         ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
          [("", c.prompt_tokens)]),
+        ("llamacpp:prompt_tokens_cached_total", "counter",
+         "Number of prompt tokens kept from an earlier request (not evaluated again).",
+         [("", c.prompt_tokens_cached)]),
         ("llamacpp:prompt_seconds_total", "counter", "Prompt process time.", [("", c.prompt_seconds)]),
         ("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
          [("", c.tokens_predicted)]),
         ("llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time.",
          [("", c.tokens_predicted_seconds)]),
         ("llamacpp:requests_total", "counter", "Requests that ran on the model.", [("", c.requests)]),
+        ("llamacpp:n_decode_total", "counter", "Total number of llama_decode() calls (target batches).",
+         [("", steps)]),
+        ("llamacpp:n_tokens_max", "counter", "Largest observed n_tokens (the most tokens a slot held).",
+         [("", c.n_tokens_max)]),
+        ("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+         [("", _rate(c.prompt_tokens, c.prompt_seconds))]),
+        ("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+         [("", _rate(c.tokens_predicted, c.tokens_predicted_seconds))]),
+        ("llamacpp:n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call.",
+         [("", c.engine.get("busy_slot_steps", 0) / steps if steps else 0.0)]),
         ("llamacpp:spec_decode_num_drafts_total", "counter",
          "Draft steps verified by the target (MTP drafting).", [("", c.drafts)]),
         ("llamacpp:spec_decode_num_draft_tokens_total", "counter", "Tokens drafted.",

@@ -35,8 +35,14 @@ OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata",
                    "service_tier"}
 
 #: llama-server's own fields its OpenAI routes take too: ``cache_prompt`` (true, the default:
-#: reuse the prefix of the prompt a slot holds; false: evaluate the whole prompt)
-LLAMA_SERVER_ACCEPTED = {"cache_prompt"}
+#: reuse the prefix of the prompt a slot holds; false: evaluate the whole prompt),
+#: ``timings_per_token`` (each streamed chunk carries the ``timings`` so far),
+#: ``return_progress`` (a stream's first chunk carries ``prompt_progress``, once the prompt is done)
+#: ``id_slot`` (the engine slot to run on; -1: any) and ``verbose`` (the answer carries
+#: ``__verbose``: the prompt's tokens as text, BOS and special tokens included, and the answer's
+#: text; also for every request of a server started with -v); ``n_predict`` is llama-server's
+#: name of ``max_tokens`` (-1: up to the context)
+LLAMA_SERVER_ACCEPTED = {"cache_prompt", "timings_per_token", "return_progress", "id_slot", "verbose", "n_predict"}
 
 TokenKey = Tuple[bytes, bool, bool]  # what the binding passes to Llama.tokenize: text, add_bos, special
 
@@ -86,14 +92,21 @@ def _check_unicode(body) -> None:
 
 class ModelAccess:
     """The request layer's door to the model (see the module docstring), and the server's defaults
-    (``--temp``, ``-n``, ``--spm-infill``)."""
+    (``--temp``, ``-n``, ``-s``, ``--spm-infill``) and names (``-a``: ``aliases``, the first in
+    sorted order the ``alias`` answers carry; ``--tags``)."""
 
     def __init__(self, llm, chat_template: Optional[ChatTemplate] = None, *, alias: str = "model",
-                 temperature: Optional[float] = None, n_predict: Optional[int] = None, spm_infill: bool = False):
+                 temperature: Optional[float] = None, n_predict: Optional[int] = None,
+                 aliases: Optional[List[str]] = None, tags: Optional[List[str]] = None, seed: int = -1,
+                 verbose: bool = False, spm_infill: bool = False):
         self.llm = llm
         self.spm_infill = spm_infill  # --spm-infill: /infill's suffix before its prefix
         self.chat = chat_template
-        self.alias = alias
+        self.aliases = sorted(set(aliases)) if aliases else [alias]
+        self.alias = self.aliases[0]
+        self.tags = sorted(set(tags or []))
+        self.seed = seed
+        self.verbose = verbose  # -v: every answer carries llama-server's __verbose
         self.temperature = temperature
         self.n_predict = n_predict
         # the context one sequence (one slot) has: all of it with -kvu (or one slot), else its share
@@ -125,7 +138,7 @@ class ModelAccess:
     def check_context(self, n_prompt: int, param: str) -> None:
         """The binding's own check, before the request waits for the model."""
         if n_prompt >= self.n_ctx:
-            raise RequestError(400, f"the prompt is too long for the context: Requested tokens ({n_prompt}) "
+            raise RequestError(400, f"the request exceeds the available context size: Requested tokens ({n_prompt}) "
                                f"exceed context window of {self.n_ctx}; use a shorter prompt or start the server "
                                "with a larger -c", param=param, code="context_length_exceeded",
                                extra={"n_prompt_tokens": n_prompt, "n_ctx": self.n_ctx})
@@ -181,6 +194,11 @@ class Plan:
     info: dict = dataclasses.field(default_factory=dict)  # what GET /slots shows as the request's params
     id_slot: Optional[int] = None  # llama-server's id_slot: the engine slot to run on (None: any)
     cache_prompt: bool = True      # llama-server's cache_prompt: reuse what the slot holds of the prompt
+    n_choices: int = 1             # OpenAI's n: the choices to generate, one after the other
+    timings_per_token: bool = False  # llama-server's: every streamed chunk carries the timings so far
+    return_progress: bool = False    # llama-server's: a stream's first chunk carries prompt_progress
+    verbose: bool = False            # llama-server's: the answer carries __verbose (the prompt as it ran)
+    prompt_text: Optional[str] = None  # the prompt as it runs, its tokens as text (a chat's rendered)
 
     def call_kwargs(self, llm) -> dict:
         """The keyword arguments, completed with what needs the loaded model. A logit bias goes
@@ -200,16 +218,71 @@ class Plan:
 
     def run(self, llm):
         """``create_completion`` or ``create_chat_completion`` with these arguments (on the slot
-        asked for, if any)."""
+        asked for, if any), ``n_choices`` times: one answer whose choices are indexed 0 to n - 1
+        and whose usage counts them all, or one stream of their chunks, each choice's after the
+        other's."""
         call: Callable = llm.create_completion if self.kind == "completion" else llm.create_chat_completion
-        with llm.on_slot(self.id_slot, cache_prompt=self.cache_prompt):
-            return call(**self.call_kwargs(llm))
+        if self.stream:
+            return self._stream(llm, call)
+        outs = []
+        for _ in range(self.n_choices):
+            with llm.on_slot(self.id_slot, cache_prompt=self.cache_prompt):
+                outs.append(call(**self.call_kwargs(llm)))
+        if len(outs) == 1:
+            return outs[0]
+        out = dict(outs[0], choices=[dict(c, index=i) for i, o in enumerate(outs) for c in o["choices"]])
+        if all(o.get("usage") for o in outs):
+            completion = sum(o["usage"]["completion_tokens"] for o in outs)
+            prompt = outs[0]["usage"]["prompt_tokens"]
+            out["usage"] = dict(outs[0]["usage"], completion_tokens=completion, total_tokens=prompt + completion)
+        return out
+
+    def _stream(self, llm, call):
+        # the slot is chosen when the generator first runs: on_slot is entered there
+        for i in range(self.n_choices):
+            with llm.on_slot(self.id_slot, cache_prompt=self.cache_prompt):
+                for chunk in call(**self.call_kwargs(llm)):
+                    if i and chunk.get("choices"):
+                        chunk = dict(chunk, choices=[dict(c, index=i) for c in chunk["choices"]])
+                    yield chunk
 
 
 def _request_types():
     from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest
 
     return CreateCompletionRequest, CreateChatCompletionRequest
+
+
+_PLAN_FLAGS = ("timings_per_token", "return_progress", "id_slot", "verbose")
+
+
+def _n_predict(body: dict) -> dict:
+    """llama-server's ``n_predict`` as ``max_tokens`` (when that is absent); -1 or 0: no limit
+    but the context's."""
+    if "n_predict" not in body or body.get("max_tokens") is not None:
+        return body
+    value = body["n_predict"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise RequestError(400, f"invalid 'n_predict': {value!r}; an integer, -1 (up to the context) or more",
+                           param="n_predict", code="invalid_value")
+    return dict(body, max_tokens=value if value > 0 else None)
+
+
+def llama_server_fields(body: dict, plan: "Plan", model: "ModelAccess") -> None:
+    """llama-server's ``timings_per_token``, ``return_progress`` (booleans) and ``id_slot`` (a
+    slot, or -1) onto the plan; a 400 for any other value."""
+    for key in ("timings_per_token", "return_progress", "verbose"):
+        value = body.get(key, False)
+        if not isinstance(value, bool):
+            raise RequestError(400, f"invalid {key!r}: true or false is expected, got {value!r}", param=key,
+                               code="invalid_value")
+        setattr(plan, key, value)
+    slot = body.get("id_slot", -1)
+    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not -1 <= slot < model.n_slots):
+        raise RequestError(400, f"invalid 'id_slot': {slot!r}: this server has slots 0 to {model.n_slots - 1} "
+                           "(or -1: any)", param="id_slot", code="invalid_value")
+    plan.id_slot = slot if slot is not None and slot >= 0 else None
+    plan.verbose = plan.verbose or model.verbose
 
 
 def cache_prompt(body: dict) -> bool:
@@ -236,6 +309,21 @@ def check_max_tokens(body: dict, key: str) -> None:
     if value < 1:
         raise RequestError(400, f"invalid {key!r}: {value}; it must be at least 1", param=key,
                            code="invalid_value")
+
+
+def choices_wanted(body: dict, key: str = "n") -> int:
+    """OpenAI's ``n``: how many choices to generate (1 when absent)."""
+    value = body.get(key, 1)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
+        raise RequestError(400, f"invalid {key!r}: {value!r}; it must be an integer from 1 to {MAX_CHOICES}",
+                           param=key, code="invalid_value")
+    return value
+
+
+#: the most choices (``n``) one request may ask for
+MAX_CHOICES = 16
 
 
 def check_one_choice(body: dict, key: str) -> None:
@@ -296,9 +384,12 @@ def _logit_bias(model: ModelAccess, req, kind: str) -> Optional[Dict[int, float]
 
 
 def _defaults(model: ModelAccess, body: dict, max_key: str) -> dict:
-    """The server's --temp and -n where the request does not say."""
+    """The server's --temp, -n and -s where the request does not say (llama-server's: a request
+    without a seed samples with the server's)."""
     if model.temperature is not None and body.get("temperature") is None:
         body = dict(body, temperature=model.temperature)
+    if model.seed != -1 and body.get("seed") is None:
+        body = dict(body, seed=model.seed)
     if model.n_predict is not None and body.get(max_key) is None and body.get("max_completion_tokens") is None:
         body = dict(body, **{max_key: model.n_predict if model.n_predict > 0 else None})
     return body
@@ -322,9 +413,11 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     check_known(body, set(completion_type.model_fields) | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
     include_usage = _stream_options(body)
     reuse = cache_prompt(body)
+    flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
+    body = _n_predict(body)
     body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
     check_max_tokens(body, "max_tokens")
-    check_one_choice(body, "n")
+    n_choices = choices_wanted(body)
     check_one_choice(body, "best_of")
     body = _defaults(model, body, "max_tokens")
     prompt = body.get("prompt")
@@ -346,6 +439,8 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     kwargs = req.model_dump(exclude=_NOT_KWARGS)
     kwargs["echo"] = bool(kwargs.get("echo"))
     plan = _plan("completion", req, kwargs, "prompt", model)
+    plan.n_choices = n_choices
+    llama_server_fields(flags, plan, model)
     plan.cache_prompt = reuse
     plan.include_usage = include_usage
     if token_prompt is not None:
@@ -354,6 +449,7 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     else:  # as the binding will ask for it: no BOS (it adds its own), special tokens parsed without a suffix
         n = len(model.tokenize(req.prompt, add_bos=False, special=req.suffix is None, tokens=plan.tokens))
         plan.n_prompt = n + model.n_specials
+        plan.prompt_text = req.prompt
     model.check_context(plan.n_prompt, "prompt")
     return plan
 
@@ -404,6 +500,8 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"} | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
     include_usage = _stream_options(body)
     reuse = cache_prompt(body)
+    flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
+    body = _n_predict(body)
     body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
     check_max_tokens(body, "max_tokens")
     check_max_tokens(body, "max_completion_tokens")
@@ -412,7 +510,7 @@ def chat(body: dict, model: ModelAccess) -> Plan:
             raise RequestError(400, "max_tokens and max_completion_tokens differ: send one of them",
                                param="max_completion_tokens", code="invalid_value")
         body = dict(body, max_tokens=body["max_completion_tokens"])
-    check_one_choice(body, "n")
+    n_choices = choices_wanted(body)
     if not body.get("messages"):
         raise RequestError(400, "no messages: send a non-empty 'messages' list", param="messages",
                            code="invalid_value")
@@ -424,6 +522,8 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     kwargs = req.model_dump(exclude=_NOT_KWARGS)
     kwargs["messages"] = body["messages"]  # as sent (normalized): the template sees what the client sent
     plan = _plan("chat", req, kwargs, "messages", model)
+    plan.n_choices = n_choices
+    llama_server_fields(flags, plan, model)
     plan.include_usage = include_usage
     plan.cache_prompt = reuse
     if plan.grammar_param is None and forced:
@@ -436,9 +536,27 @@ def chat(body: dict, model: ModelAccess) -> Plan:
                                                   tool_choice=kwargs.get("tool_choice"),
                                                   functions=kwargs.get("functions"),
                                                   function_call=kwargs.get("function_call"))
-        plan.n_prompt = len(model.tokenize(prompt, add_bos=not added_special, special=True, tokens=plan.tokens))
+        ids = model.tokenize(prompt, add_bos=not added_special, special=True, tokens=plan.tokens)
+        plan.n_prompt = len(ids)
+        plan.prompt_text = model.llm.detokenize(ids, special=True).decode("utf-8", "replace")
         model.check_context(plan.n_prompt, "messages")
     return plan
+
+
+def chat_input_tokens(body: dict, model: ModelAccess) -> dict:
+    """``POST /v1/chat/completions/input_tokens`` (llama-server's token count): the tokens the
+    prompt of a chat request with these ``messages`` (and ``tools``) has, as it would run;
+    nothing is generated and no other field is needed."""
+    if model.chat is None:
+        raise RequestError(501, "the model has no chat template: start the server with --chat-template or "
+                           "--chat-template-file", type="not_supported_error", code="no_chat_template")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "no messages: send a non-empty 'messages' list", param="messages",
+                           code="invalid_value")
+    prompt, added_special = model.chat.render(normalize_messages(messages), tools=body.get("tools"),
+                                              tool_choice=body.get("tool_choice"))
+    return {"input_tokens": len(model.tokenize(prompt, add_bos=not added_special, special=True, tokens={}))}
 
 
 def _plan(kind: str, req, kwargs: dict, prompt_param: str, model: ModelAccess) -> Plan:

@@ -174,6 +174,8 @@ class Counters:
         self.tokens_predicted = 0
         self.tokens_predicted_seconds = 0.0
         self.requests = 0
+        self.prompt_tokens_cached = 0
+        self.n_tokens_max = 0       # the most tokens one request held in its slot
         self.drafts = 0
         self.draft_tokens = 0
         self.draft_accepted = 0
@@ -186,6 +188,9 @@ class Counters:
         with self._lock:
             self.requests += 1
             self.prompt_tokens += timings["prompt_n"]
+            self.prompt_tokens_cached += timings["cache_n"]
+            self.n_tokens_max = max(self.n_tokens_max,
+                                    timings["cache_n"] + timings["prompt_n"] + timings["predicted_n"])
             self.prompt_seconds += timings["prompt_ms"] / 1e3
             self.tokens_predicted += timings["predicted_n"]
             self.tokens_predicted_seconds += timings["predicted_ms"] / 1e3
@@ -210,7 +215,7 @@ class Counters:
 def response_timings(llm) -> dict:
     """llama-server's ``timings`` object for the request this thread ran last."""
     t = llm.timings()
-    prompt_ms, predicted_ms = t["prompt_ms"], t["predicted_ms"]
+    prompt_ms, predicted_ms, n_decode = t["prompt_ms"], t["predicted_ms"], t["decode_tokens"]
     return {
         "cache_n": t["cache_n"],
         "prompt_n": t["prompt_n"],
@@ -219,12 +224,12 @@ def response_timings(llm) -> dict:
         "prompt_per_second": t["prompt_tokens_per_s"],
         "predicted_n": t["predicted_n"],
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / t["predicted_n"] if t["predicted_n"] else 0.0,
-        "predicted_per_second": (t["predicted_n"] / predicted_ms * 1e3
-                                 if t["predicted_n"] and predicted_ms > 0 else 0.0),
+        # over the decode phase's tokens, as llama-server rates them: without drafting the first
+        # token comes from the prompt's last batch and costs no decode step
+        "predicted_per_token_ms": predicted_ms / n_decode if n_decode else 0.0,
+        "predicted_per_second": 1e3 / predicted_ms * n_decode if n_decode and predicted_ms > 0 else 0.0,
         "draft_n": t["draft_n"],
         "draft_n_accepted": t["draft_n_accepted"],
-        "draft_lengths": t["draft_lengths"],
         "plain_steps_share": t["plain_steps_share"],
         "queue_ms": t["queue_ms"],
     }
@@ -307,12 +312,14 @@ class ModelWorker:
             slot = {"id": sid, "id_task": -1, "speculative": bool(self.llm.drafting),
                     "is_processing": state["is_processing"], "state": state["state"], "n_past": state["n_past"]}
             if job is not None:
+                running = job.state == "running" and state["is_processing"]
                 remain = -1 if job.n_predict is None else max(job.n_predict - job.n_decoded, 0)
+                # an idle slot keeps its last task's id and parameters, not its budget (llama-server)
                 slot.update({
                     "id_task": job.id, "n_prompt_tokens": job.n_prompt, "params": dict(job.info),
-                    "next_token": [{"has_next_token": job.state == "running" and state["is_processing"],
-                                    "has_new_line": job.has_new_line, "n_remain": remain,
-                                    "n_decoded": job.n_decoded}],
+                    "next_token": [{"has_next_token": running, "has_new_line": job.has_new_line and running,
+                                    "n_remain": remain if running else -1,
+                                    "n_decoded": job.n_decoded if running else 0}],
                 })
             out.append(slot)
         return out

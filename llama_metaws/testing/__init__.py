@@ -147,8 +147,11 @@ def _write_gguf(
     tensors: _Tensors,
     n_vocab: int,
     vocab: str = "test",
+    chat_template: Optional[str] = None,
+    vocab_words=(),
 ) -> Path:
-    """Write metadata, the tokenizer (:mod:`.vocab`) and the tensors to ``path`` with gguf-py."""
+    """Write metadata, the tokenizer (:mod:`.vocab`), the chat template (default
+    :data:`CHAT_TEMPLATE`) and the tensors to ``path`` with gguf-py."""
     import gguf  # local import: only the builders need it
 
     path = Path(path)
@@ -169,8 +172,8 @@ def _write_gguf(
             else:  # pragma: no cover - programming error
                 raise TypeError(f"unsupported metadata value for {full}: {value!r}")
 
-        write_vocab(writer, vocab, n_vocab, EOS_TOKEN)
-        writer.add_chat_template(CHAT_TEMPLATE)
+        write_vocab(writer, vocab, n_vocab, n_vocab - 1, vocab_words)  # the last token ends generation
+        writer.add_chat_template(CHAT_TEMPLATE if chat_template is None else chat_template)
 
         for name, value in tensors.items:
             writer.add_tensor(name, value)
@@ -187,9 +190,9 @@ def _write_gguf(
 # qwen35
 
 
-def _qwen35_kv(n_layer_trunk: int, n_nextn: int) -> Dict[str, object]:
+def _qwen35_kv(n_layer_trunk: int, n_nextn: int, context_length: int = _N_CTX) -> Dict[str, object]:
     kv: Dict[str, object] = {
-        "context_length": _N_CTX,
+        "context_length": context_length,
         "embedding_length": N_EMBD,
         "block_count": n_layer_trunk + n_nextn,
         "feed_forward_length": _N_FF,
@@ -332,7 +335,9 @@ def _agreement_plan(
 
 
 def make_tiny_mtp_model(
-    path: PathLike, *, seed: int = 0, agreement: Optional[float] = None, vocab: str = "test"
+    path: PathLike, *, seed: int = 0, agreement: Optional[float] = None, vocab: str = "test",
+    context_length: int = _N_CTX, chat_template: Optional[str] = None, n_vocab: int = N_VOCAB,
+    vocab_words=(),
 ) -> Path:
     """Write a tiny ``qwen35`` GGUF with 2 trunk layers and 1 NextN (MTP) block.
 
@@ -372,11 +377,18 @@ def make_tiny_mtp_model(
        of the greedy continuation agree at rate ``a`` within +-2/64.
 
     :func:`mtp_agreement_plan` returns the resulting ``succ``/``draft`` tables. ``vocab``: the
-    tokenizer (:mod:`.vocab`; ``"chars"`` for tests that generate JSON).
+    tokenizer (:mod:`.vocab`; ``"chars"`` for tests that generate JSON). ``context_length``: the
+    model's training context (256); ``chat_template``: its template (default
+    :data:`CHAT_TEMPLATE`); ``n_vocab``: its vocabulary's size (another than :data:`N_VOCAB` only
+    with random weights: the agreement design needs orthonormal embeddings, ``V <= E``; the
+    last token ends generation); ``vocab_words``: words a ``chars`` vocabulary spells as one token
+    each (:func:`.vocab.chars_vocab`).
     """
+    if agreement is not None and n_vocab != N_VOCAB:
+        raise ValueError(f"agreement models have {N_VOCAB} tokens; n_vocab={n_vocab} needs agreement=None")
     rng = np.random.default_rng(seed)
     n_trunk, n_nextn, interval = 2, 1, 2
-    E, V = N_EMBD, N_VOCAB
+    E, V = N_EMBD, n_vocab
     t = _Tensors(rng)
 
     if agreement is None:
@@ -402,15 +414,16 @@ def make_tiny_mtp_model(
         _qwen35_trunk(t, n_trunk, interval, _SMALL_OUT_STD, 0.0)
         _qwen35_mtp_block(t, n_trunk, eh_proj, _SMALL_OUT_STD, 0.0)
 
-    return _write_gguf(Path(path), "qwen35", _qwen35_kv(n_trunk, n_nextn), t, V, vocab)
+    return _write_gguf(Path(path), "qwen35", _qwen35_kv(n_trunk, n_nextn, context_length), t, V,
+                       vocab, chat_template, vocab_words)
 
 
 # --------------------------------------------------------------------------------------------
 # plain models
 
 
-def _llama_like(t: _Tensors, n_layer: int, qk_norm: bool) -> None:
-    E, V = N_EMBD, N_VOCAB
+def _llama_like(t: _Tensors, n_layer: int, qk_norm: bool, V: int = N_VOCAB) -> None:
+    E = N_EMBD
     t.normal("token_embd.weight", (V, E), 1.0)
     t.norm("output_norm.weight", E, 0.1)
     t.normal("output.weight", (V, E))
@@ -430,7 +443,9 @@ def _llama_like(t: _Tensors, n_layer: int, qk_norm: bool) -> None:
         t.normal(p + "ffn_down.weight", (E, _N_FF))
 
 
-def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0, vocab: str = "test") -> Path:
+def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0, vocab: str = "test",
+                    context_length: int = _N_CTX, chat_template: Optional[str] = None,
+                    n_vocab: int = N_VOCAB, vocab_words=()) -> Path:
     """Write a tiny GGUF without NextN layers, with seeded random weights.
 
     ``arch`` is one of :data:`SUPPORTED_ARCHS`:
@@ -441,7 +456,9 @@ def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0, vocab
       gated full-attention layer) without the MTP block.
 
     All use the TEST tokenizer with :data:`N_VOCAB` tokens (``vocab="chars"``: characters, see
-    :mod:`.vocab`). Raises ``ValueError`` for any other ``arch``.
+    :mod:`.vocab`). ``context_length``, ``chat_template``, ``n_vocab`` and ``vocab_words`` as for
+    :func:`make_tiny_mtp_model`.
+    Raises ``ValueError`` for any other ``arch``.
     """
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(
@@ -452,15 +469,15 @@ def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0, vocab
     n_layer = 2
 
     if arch == "qwen35":
-        t.normal("token_embd.weight", (N_VOCAB, N_EMBD), 1.0)
+        t.normal("token_embd.weight", (n_vocab, N_EMBD), 1.0)
         t.norm("output_norm.weight", N_EMBD, 0.1)
-        t.normal("output.weight", (N_VOCAB, N_EMBD))
+        t.normal("output.weight", (n_vocab, N_EMBD))
         _qwen35_trunk(t, n_layer, 2, None, 0.1)
-        kv = _qwen35_kv(n_layer, 0)
+        kv = _qwen35_kv(n_layer, 0, context_length)
     else:
-        _llama_like(t, n_layer, qk_norm=(arch == "qwen3"))
+        _llama_like(t, n_layer, qk_norm=(arch == "qwen3"), V=n_vocab)
         kv = {
-            "context_length": _N_CTX,
+            "context_length": context_length,
             "embedding_length": N_EMBD,
             "block_count": n_layer,
             "feed_forward_length": _N_FF,
@@ -474,9 +491,9 @@ def make_tiny_model(path: PathLike, *, arch: str = "llama", seed: int = 0, vocab
             kv["attention.key_length"] = _HEAD_DIM
             kv["attention.value_length"] = _HEAD_DIM
         if arch == "llama":
-            kv["vocab_size"] = N_VOCAB
+            kv["vocab_size"] = n_vocab
 
-    return _write_gguf(Path(path), arch, kv, t, N_VOCAB, vocab)
+    return _write_gguf(Path(path), arch, kv, t, n_vocab, vocab, chat_template, vocab_words)
 
 
 # --------------------------------------------------------------------------------------------

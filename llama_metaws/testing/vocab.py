@@ -10,44 +10,73 @@ byte token, a few JSON pieces and filler words, and ``</s>`` last (the end-of-ge
 as in every tiny model). Any printable text tokenizes and any JSON can be generated: for tests
 of grammars, ``response_format`` and tool calls.
 
-``"fim"``: ``"chars"`` with Qwen2.5-Coder's six fill-in-the-middle tokens (:data:`FIM_TOKENS`,
-control tokens named in the ``tokenizer.ggml.fim_*_token_id`` keys, as a real coder's GGUF has
-them) in place of its last filler words, and no space put before a text: for ``/infill``.
+``"chars-bytes"`` and ``"chars-fim"`` (at least :data:`MIN_FULL_VOCAB` tokens): ``chars`` plus
+the 256 byte tokens ``<0x00>`` .. ``<0xFF>``, so any UTF-8 text tokenizes (SentencePiece spells
+a character it has no token for in bytes), and special (control) tokens before the filler
+words: ChatML's ``<|im_start|>`` and ``<|im_end|>`` (an end-of-turn token, as llama.cpp reads
+that name); ``"chars-fim"`` also Qwen's fill-in-the-middle tokens (``<|fim_prefix|>``,
+``<|fim_suffix|>``, ``<|fim_middle|>``, ``<|fim_pad|>``, ``<|repo_name|>``, ``<|file_sep|>``),
+named in the GGUF's ``tokenizer.ggml.fim_*_token_id`` keys: a model ``/infill`` can serve. These
+two add BOS to a prompt, as a llama model's SentencePiece vocabulary does (the others add
+nothing). ``words``: also each word's prefixes as SentencePiece pieces (``▁w``, ``▁wo``, ...,
+``▁word``, each scoring its length so the longest wins), so those words tokenize as one token each,
+as a trained vocabulary tokenizes common words.
+
+``"fim"``: ``"chars"`` (no BOS, no byte tokens but the newline) with the same FIM tokens and no
+space put before a text, so that a piece of code tokenizes as it is, as a coder's BPE does: a
+small model whose ``/infill`` prompts read back as their layout.
 """
 
 from __future__ import annotations
 
 from typing import List, Tuple
 
-VOCABS = ("test", "chars", "fim")
+VOCABS = ("test", "chars", "chars-bytes", "chars-fim", "fim")
 
-#: the ``fim`` vocabulary's FIM tokens, by the gguf key each is named in (Qwen2.5-Coder's texts)
-FIM_TOKENS = {"FIM_PRE_ID": "<|fim_prefix|>", "FIM_SUF_ID": "<|fim_suffix|>", "FIM_MID_ID": "<|fim_middle|>",
-              "FIM_PAD_ID": "<|fim_pad|>", "FIM_REP_ID": "<|repo_name|>", "FIM_SEP_ID": "<|file_sep|>"}
+CHATML_TOKENS = ["<|im_start|>", "<|im_end|>"]
+# FIM token -> its GGUF key (tokenizer.ggml.fim_KEY_token_id)
+FIM_TOKENS = {"<|fim_prefix|>": "pre", "<|fim_suffix|>": "suf", "<|fim_middle|>": "mid",
+              "<|fim_pad|>": "pad", "<|repo_name|>": "rep", "<|file_sep|>": "sep"}
+#: the least ``n_vocab`` of ``chars-bytes`` and ``chars-fim``
+MIN_FULL_VOCAB = 384
 
 _JSON_PIECES = ['{"', '"}', '":', '",', '": "', "\u2581the", "true", "false", "null", "\u2581\u2581"]
 
 
-def chars_vocab(n_vocab: int) -> Tuple[List[str], List[float], List[int]]:
-    """Texts, scores and token types (gguf's TokenType values) of the ``chars`` vocabulary."""
+def word_pieces(words) -> List[str]:
+    """The pieces that make each of ``words`` one token: its ``▁``-prefixed prefixes."""
+    out = set()
+    for w in words:
+        for i in range(1, len(w) + 1):
+            out.add("\u2581" + w[:i])
+    return sorted(out)
+
+
+def chars_vocab(n_vocab: int, kind: str = "chars", words=()) -> Tuple[List[str], List[float], List[int]]:
+    """Texts, scores and token types (gguf's TokenType values) of a ``chars`` vocabulary."""
     import gguf
 
-    printable = ["\u2581" if c == " " else c for c in map(chr, range(32, 127))]
-    texts = ["<unk>", "<s>"] + printable + ["<0x0A>"] + _JSON_PIECES
-    n_fill = n_vocab - 1 - len(texts)
-    if n_fill < 0:
-        raise ValueError(f"a chars vocabulary needs at least {len(texts) + 1} tokens, got {n_vocab}")
-    texts += [f"\u2581w{i}" for i in range(n_fill)] + ["</s>"]
     T = gguf.TokenType
-    types = ([T.UNKNOWN, T.CONTROL] + [T.NORMAL] * len(printable) + [T.BYTE]
-             + [T.NORMAL] * (len(_JSON_PIECES) + n_fill) + [T.CONTROL])
+    printable = ["\u2581" if c == " " else c for c in map(chr, range(32, 127))]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if kind in ("chars-bytes", "chars-fim") else ["<0x0A>"]
+    specials = {"chars": [], "fim": list(FIM_TOKENS), "chars-bytes": CHATML_TOKENS,
+                "chars-fim": CHATML_TOKENS + list(FIM_TOKENS)}[kind]
     # single characters score below longer pieces, so SentencePiece merges into the pieces
-    scores = [0.0, 0.0] + [-1.0] * (len(printable) + 1) + [0.0] * (len(_JSON_PIECES) + n_fill + 1)
-    return texts, scores, [int(t) for t in types]
+    rows = ([("<unk>", 0.0, T.UNKNOWN), ("<s>", 0.0, T.CONTROL)]
+            + [(c, -1.0, T.NORMAL) for c in printable] + [(b, -1.0, T.BYTE) for b in byte_tokens]
+            + [(p, 0.0, T.NORMAL) for p in _JSON_PIECES] + [(x, 0.0, T.CONTROL) for x in specials])
+    known = {r[0] for r in rows}
+    rows += [(p, float(len(p)), T.NORMAL) for p in word_pieces(words) if p not in known]
+    n_fill = n_vocab - 1 - len(rows)
+    if n_fill < 0:
+        raise ValueError(f"a {kind} vocabulary needs at least {len(rows) + 1} tokens, got {n_vocab}")
+    rows += [(f"\u2581w{i}", 0.0, T.NORMAL) for i in range(n_fill)] + [("</s>", 0.0, T.CONTROL)]
+    return [r[0] for r in rows], [r[1] for r in rows], [int(r[2]) for r in rows]
 
 
-def write_vocab(writer, kind: str, n_vocab: int, eos: int) -> None:
-    """Add the tokenizer ``kind`` to a GGUFWriter (no BOS or EOS added to prompts)."""
+def write_vocab(writer, kind: str, n_vocab: int, eos: int, words=()) -> None:
+    """Add the tokenizer ``kind`` to a GGUFWriter (no EOS added to prompts; BOS as the module
+    docstring says)."""
     import gguf
 
     if kind not in VOCABS:
@@ -58,19 +87,18 @@ def write_vocab(writer, kind: str, n_vocab: int, eos: int) -> None:
         writer.add_token_scores([0.0] * n_vocab)
         writer.add_token_types([int(gguf.TokenType.NORMAL)] * n_vocab)
     else:
-        texts, scores, types = chars_vocab(n_vocab)
-        if kind == "fim":
-            first = n_vocab - 1 - len(FIM_TOKENS)  # the last filler words, before the end token
-            for i, (key, text) in enumerate(FIM_TOKENS.items()):
-                texts[first + i], types[first + i] = text, int(gguf.TokenType.CONTROL)
-                writer.add_uint32(getattr(gguf.Keys.Tokenizer, key), first + i)
-            writer.add_add_space_prefix(False)  # a piece of code tokenizes as it is, as a coder's BPE does
+        texts, scores, types = chars_vocab(n_vocab, kind, words)
         writer.add_tokenizer_model("llama")
         writer.add_token_list(texts)
         writer.add_token_scores(scores)
         writer.add_token_types(types)
         writer.add_bos_token_id(1)
         writer.add_unk_token_id(0)
-    writer.add_add_bos_token(False)
+        if kind in ("chars-fim", "fim"):
+            for text, key in FIM_TOKENS.items():
+                writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", texts.index(text))
+        if kind == "fim":
+            writer.add_add_space_prefix(False)  # a piece of code tokenizes as it is, as a coder's BPE does
+    writer.add_add_bos_token(kind in ("chars-bytes", "chars-fim"))
     writer.add_add_eos_token(False)
     writer.add_eos_token_id(eos)  # so chat completions have an end-of-generation token

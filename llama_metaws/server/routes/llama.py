@@ -76,7 +76,10 @@ def routes(serving: Serving) -> List[Route]:
         if not serving.metrics:
             raise RequestError(501, "this server does not serve metrics: start it with --metrics",
                                type="not_supported_error", code="metrics_disabled")
-        return PlainTextResponse(_metrics.render(worker), media_type="text/plain; version=0.0.4")
+        res = PlainTextResponse(_metrics.render(worker), media_type="text/plain; version=0.0.4")
+        # with llama-server's capitals: Starlette's headers argument would lower them
+        res.raw_headers.append((b"Process-Start-Time-Unix", str(serving.created).encode()))
+        return res
 
     return [
         Route("/completion", completion, methods=["POST"]),
