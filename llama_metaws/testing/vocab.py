@@ -9,15 +9,50 @@ needs any other character (JSON's ``{``) has no token to continue with.
 byte token, a few JSON pieces and filler words, and ``</s>`` last (the end-of-generation token,
 as in every tiny model). Any printable text tokenizes and any JSON can be generated: for tests
 of grammars, ``response_format`` and tool calls.
+
+``"chat-qwen"``, ``"chat-llama3"``, ``"chat-deepseek"``: ``chars`` holding a chat family's special
+tokens (:data:`CHAT_FAMILIES`), for tests of llama.cpp's chat layer on real templates.
 """
 
 from __future__ import annotations
 
 from typing import List, Tuple
 
-VOCABS = ("test", "chars")
+#: a chat model family's special tokens, as its real vocabulary types them: control tokens
+#: (rendered only as special text) and user-defined ones (always text); a ``chat-<family>``
+#: vocabulary is ``chars`` with these in place of the first filler words, so chat prompts are
+#: short and llama.cpp's chat layer sees its markers as single tokens
+CHAT_FAMILIES = {
+    "qwen": {"control": ["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+             "user": ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]},
+    "llama3": {"control": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                           "<|eom_id|>", "<|python_tag|>"], "user": []},
+    "deepseek": {"control": ["<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+                             "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>"],
+                 "user": ["<think>", "</think>", "<\uff5ctool\u2581calls\u2581begin\uff5c>",
+                          "<\uff5ctool\u2581calls\u2581end\uff5c>", "<\uff5ctool\u2581call\u2581begin\uff5c>",
+                          "<\uff5ctool\u2581call\u2581end\uff5c>", "<\uff5ctool\u2581sep\uff5c>"]},
+}
+
+VOCABS = ("test", "chars") + tuple(f"chat-{f}" for f in CHAT_FAMILIES)
 
 _JSON_PIECES = ['{"', '"}', '":', '",', '": "', "\u2581the", "true", "false", "null", "\u2581\u2581"]
+
+
+def chat_vocab(family: str, n_vocab: int) -> Tuple[List[str], List[float], List[int]]:
+    """``chars`` with a chat family's special tokens (:data:`CHAT_FAMILIES`) in its filler slots."""
+    import gguf
+
+    texts, scores, types = chars_vocab(n_vocab)
+    spec = CHAT_FAMILIES[family]
+    specials = [(t, gguf.TokenType.CONTROL) for t in spec["control"]] + \
+               [(t, gguf.TokenType.USER_DEFINED) for t in spec["user"]]
+    first = texts.index("\u2581w0")
+    if first + len(specials) >= n_vocab - 1:
+        raise ValueError(f"a chat-{family} vocabulary needs more than {n_vocab} tokens")
+    for i, (text, kind) in enumerate(specials):
+        texts[first + i], types[first + i], scores[first + i] = text, int(kind), 0.0
+    return texts, scores, types
 
 
 def chars_vocab(n_vocab: int) -> Tuple[List[str], List[float], List[int]]:
@@ -50,13 +85,15 @@ def write_vocab(writer, kind: str, n_vocab: int, eos: int) -> None:
         writer.add_token_scores([0.0] * n_vocab)
         writer.add_token_types([int(gguf.TokenType.NORMAL)] * n_vocab)
     else:
-        texts, scores, types = chars_vocab(n_vocab)
+        texts, scores, types = chars_vocab(n_vocab) if kind == "chars" else chat_vocab(kind[5:], n_vocab)
         writer.add_tokenizer_model("llama")
         writer.add_token_list(texts)
         writer.add_token_scores(scores)
         writer.add_token_types(types)
         writer.add_bos_token_id(1)
         writer.add_unk_token_id(0)
+        if kind != "chars":  # as the chat families' BPE vocabularies: no space before a text
+            writer.add_add_space_prefix(False)
     writer.add_add_bos_token(False)
     writer.add_add_eos_token(False)
     writer.add_eos_token_id(eos)  # so chat completions have an end-of-generation token
