@@ -1,9 +1,9 @@
 """``llama-metaws serve``: OpenAI's API and llama-server's own on the patched ``Llama``.
 
 llama-cpp-python's request types and ``Llama.create_completion`` / ``create_chat_completion``
-(the chat template, stop strings, seeds, logprobs, grammars) do the work; the serving around
-them is ours: the request layer (:mod:`.requests`, :mod:`.openai_api`, :mod:`.llama_api`,
-:mod:`.chat`, :mod:`.app`) checks, tokenizes and shapes, off the model's thread, and talks to the
+(stop strings, seeds, logprobs, grammars; chats through llama.cpp's own chat layer,
+:mod:`llama_metaws.chat_layer`) do the work; the serving around them is ours: the request layer
+(:mod:`.requests`, :mod:`.openai_api`, :mod:`.llama_api`, :mod:`.chat`, :mod:`.app`) checks, tokenizes and shapes, off the model's thread, and talks to the
 model only through ``Llama``'s public calls and to the worker (:mod:`.worker`) through a small
 interface (its module docstring), so the scheduler under it can change. One thread owns the model
 and runs one request at a time, a dropped or interrupted stream frees it after its next token, a
@@ -30,7 +30,7 @@ def serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from .app import create_app
-        from .chat import ChatTemplate
+        from ..chat_layer import ChatTemplates
         from .openai_api import system_fingerprint
         from .requests import ModelAccess
         from .worker import ModelWorker, ServedLlama
@@ -39,7 +39,7 @@ def serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
-    from ..flags import llama_kwargs
+    from ..flags import chat_options, llama_kwargs
 
     if args.queue_size < 0:
         print(f"llama-metaws serve: --queue-size must be >= 0, got {args.queue_size}", file=sys.stderr)
@@ -49,16 +49,15 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"llama-metaws serve: {e}", file=sys.stderr)
         return 2
-    try:
-        template = ChatTemplate.for_model(llm, args.chat_template, args.chat_template_file)
+    try:  # llama.cpp's chat layer, as llama-server sets it up (see llama_metaws.chat_layer)
+        templates = ChatTemplates.for_llama(llm, args.chat_template, args.chat_template_file, chat_options(args))
     except ValueError as e:
         llm.close()
         print(f"llama-metaws serve: {e}", file=sys.stderr)
         return 2
-    if template is not None:  # chats render as /apply-template shows them (see .chat)
-        llm.chat_handler = template.handler
+    llm.use_chat_templates(templates)  # chats run as /apply-template shows them
     alias = args.alias or Path(args.model).name
-    model = ModelAccess(llm, template, alias=alias, temperature=args.temp, n_predict=args.n_predict)
+    model = ModelAccess(llm, templates, alias=alias, temperature=args.temp, n_predict=args.n_predict)
     worker = ModelWorker(llm, queue_size=args.queue_size)
     app = create_app(worker, model, api_key=args.api_key, metrics=args.metrics, slots=args.slots,
                      max_body_size=args.max_body_size, model_path=args.model,
