@@ -123,6 +123,33 @@ class _RenderingPreserved:
         return out
 
 
+def _processors(logits_processor, logit_bias) -> list:
+    """The request's logits processors, the logit bias last (as the binding adds it)."""
+    processors = list(logits_processor) if logits_processor else []
+    if logit_bias:
+        bias = {int(k): float(v) for k, v in logit_bias.items()}
+
+        def add_bias(input_ids, scores):
+            out = np.copy(scores)
+            for token, value in bias.items():
+                out[token] = value + scores[token]
+            return out
+
+        processors.append(add_bias)
+    return processors
+
+
+def _token_budget(n_ctx: int, n_prompt: int, max_tokens: Optional[int]) -> int:
+    """The tokens a completion may generate, as the binding bounds them by the context."""
+    if n_prompt == 0:
+        raise ValueError("the prompt is empty and the model adds no BOS token: give at least one token")
+    if n_prompt >= n_ctx:
+        raise ValueError(f"Requested tokens ({n_prompt}) exceed context window of {n_ctx}")
+    if max_tokens is None or max_tokens <= 0:
+        max_tokens = n_ctx - n_prompt
+    return max_tokens if max_tokens + n_prompt < n_ctx else n_ctx - n_prompt
+
+
 def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[int] = 16, temperature: float = 0.8,
                top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0, logprobs: Optional[int] = None,
                echo: bool = False, stop=None, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
@@ -150,26 +177,8 @@ def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[i
     if tokens[:2] == [bos] * 2:
         warnings.warn(f'Detected duplicate leading "{llm._model.token_get_text(bos)}" in prompt, this will likely '
                       "reduce response quality, consider removing it...", RuntimeWarning)
-    processors = list(logits_processor) if logits_processor else []
-    if logit_bias:
-        bias = {int(k): float(v) for k, v in logit_bias.items()}
-
-        def add_bias(input_ids, scores):
-            out = np.copy(scores)
-            for token, value in bias.items():
-                out[token] = value + scores[token]
-            return out
-
-        processors.append(add_bias)
-    n_ctx = engine.n_ctx_seq
-    if not tokens:
-        raise ValueError("the prompt is empty and the model adds no BOS token: give at least one token")
-    if len(tokens) >= n_ctx:
-        raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {n_ctx}")
-    if max_tokens is None or max_tokens <= 0:
-        max_tokens = n_ctx - len(tokens)
-    max_tokens = max_tokens if max_tokens + len(tokens) < n_ctx else n_ctx - len(tokens)
-
+    processors = _processors(logits_processor, logit_bias)
+    max_tokens = _token_budget(engine.n_ctx_seq, len(tokens), max_tokens)
     if llm.cache:
         llm._cache_lookup(tokens)
     seed = llm._request_seed(seed)

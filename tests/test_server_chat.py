@@ -154,3 +154,16 @@ def test_the_server_and_llama_give_the_same_message(model, client):
     assert [(c.function.name, c.function.arguments) for c in s.message.tool_calls] == \
         [(c["function"]["name"], c["function"]["arguments"]) for c in d["message"]["tool_calls"]]
     assert (s.message.content or "") == d["message"]["content"]
+
+
+def test_openai_s_older_functions_are_tools_to_the_layer(server):
+    """``functions`` / ``function_call`` (OpenAI's older form) render and force as tools do."""
+    fn = WEATHER["function"]
+    body = {"messages": ASK, "functions": [fn], "function_call": {"name": "get_weather"}}
+    status, _, raw = server.request("POST", "/apply-template", body)
+    assert status == 200 and "get_weather" in json.loads(raw)["prompt"]
+    status, _, raw = server.request("POST", "/v1/chat/completions", dict(body, max_tokens=96, temperature=0, **STEER))
+    assert status == 200, raw
+    res = json.loads(raw)
+    assert res["choices"][0]["finish_reason"] == "tool_calls"
+    assert res["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"

@@ -58,6 +58,11 @@ def request_of(body: dict, model) -> ChatRequest:
     """The chat request of ``body``, applied to the model's templates; a 400 for what the chat
     layer refuses, or for a grammar it makes that llama.cpp would not take (too deep, too big)."""
     fields = {k: body[k] for k in CHAT_FIELDS if body.get(k) is not None}
+    if body.get("functions") and not body.get("tools"):  # OpenAI's older form of tools
+        fields["tools"] = [{"type": "function", "function": f} for f in body["functions"]]
+        call = body.get("function_call")
+        if isinstance(call, dict) or call in ("auto", "none"):
+            fields["tool_choice"] = {"type": "function", "function": call} if isinstance(call, dict) else call
     try:
         req = chat_request(model.chat, check_content(body.get("messages")), **fields)
         params = req.applied(model.chat)
