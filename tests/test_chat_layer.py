@@ -211,3 +211,29 @@ def test_every_error_leaves_the_process_running():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["refused:", "ChatLayerError", "refused:", "ChatLayerError", "alive"]
+
+
+def _builtin_names():
+    import ctypes
+
+    from llama_metaws.native.binding import llama_cpp
+
+    n = llama_cpp.llama_chat_builtin_templates(None, 0)
+    names = (ctypes.c_char_p * n)()
+    llama_cpp.llama_chat_builtin_templates(names, n)
+    return [x.decode() for x in names]
+
+
+def test_every_built_in_template_name_renders_without_jinja_as_no_jinja_does():
+    from llama_metaws.chat_layer import ChatOptions
+
+    names = _builtin_names()
+    assert {"chatml", "llama3", "mistral-v7", "deepseek3", "gemma"} <= set(names)
+    for name in names:
+        t = ChatTemplates(None, name, ChatOptions(use_jinja=False))
+        prompt = applied(t, [{"role": "user", "content": "a question"}])[1].prompt
+        assert "a question" in prompt, name  # (deepseek-ocr's is the content alone)
+    t = ChatTemplates(None, "llama3", ChatOptions(use_jinja=False))
+    assert "<|start_header_id|>user<|end_header_id|>" in applied(t)[1].prompt
+    with pytest.raises(ChatLayerError, match="requires --jinja"):  # llama-server: no tools without Jinja
+        applied(t, tools=[WEATHER])
