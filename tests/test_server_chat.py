@@ -167,3 +167,17 @@ def test_openai_s_older_functions_are_tools_to_the_layer(server):
     res = json.loads(raw)
     assert res["choices"][0]["finish_reason"] == "tool_calls"
     assert res["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_a_reasoning_budget_per_request_ends_the_thinking(server):
+    status, _, raw = server.request("POST", "/v1/chat/completions", {
+        "messages": ASK, "max_tokens": 16, "temperature": 0, "reasoning_budget_tokens": 0,
+        "reasoning_budget_message": "Done."})
+    assert status == 200, raw
+    msg = json.loads(raw)["choices"][0]["message"]
+    # forced at once: the message, then </think>; llama.cpp's budget sampler, fed the generation
+    # prompt first (as llama-server feeds it), counts its newline and is one token into the message
+    thought = msg.get("reasoning_content", "").strip()
+    assert thought and "Done.".endswith(thought), thought
+    status, _, raw = server.request("POST", "/v1/chat/completions", {"messages": ASK, "reasoning_budget_tokens": -5})
+    assert status == 400 and json.loads(raw)["error"]["param"] == "reasoning_budget_tokens"

@@ -190,8 +190,10 @@ def test_llama_servers_flags_map_to_the_model_and_the_others_are_refused_by_name
     assert "type_k" not in plain and "kv_unified" not in plain
     # the chat layer's flags, as llama-server's
     chat = flags.chat_options(p.parse_args(["serve", "-m", "x.gguf", "--no-jinja", "--reasoning-format", "none",
-                                            "-rea", "off", "--chat-template-kwargs", '{"x": 1}']))
+                                            "-rea", "off", "--chat-template-kwargs", '{"x": 1}',
+                                            "--reasoning-budget", "5", "--reasoning-budget-message", "enough"]))
     assert (chat.use_jinja, chat.reasoning_format, chat.reasoning) == (False, "none", 0)
+    assert (chat.reasoning_budget, chat.reasoning_budget_message) == (5, "enough")
     assert chat.chat_template_kwargs == {"x": "1", "enable_thinking": "false"}
     default = flags.chat_options(p.parse_args(["serve", "-m", "x.gguf"]))
     assert (default.use_jinja, default.reasoning_format, default.reasoning, default.chat_template_kwargs) == \
