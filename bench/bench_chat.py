@@ -135,7 +135,10 @@ def main(argv=None) -> int:
     flags = ["-m", str(model), "-c", "4096", "-np", "1", "--jinja", "--chat-template-file", str(template),
              "--spec-type", "draft-mtp", "-t", "2"]
     answers = {}
-    for name, cmd in (("llama-server", [str(tools["llama-server"]), "--host", "127.0.0.1", "-ngl", "0"]),
+    # llama-server caps a slot's context at the model's training context (the tiny model's 256,
+    # shorter than a prompt with tools): the override lifts it to the -c both servers get
+    lift = ["--override-kv", "qwen35.context_length=int:4096"]
+    for name, cmd in (("llama-server", [str(tools["llama-server"]), "--host", "127.0.0.1", "-ngl", "0", *lift]),
                       ("serve", [sys.executable, "-m", "llama_metaws", "serve"])):
         port = _serve.free_port()
         with _serve.Server(name, [*cmd, *flags, "--port", str(port)], port, None, work / f"{name}.log",
