@@ -101,28 +101,35 @@ class _Logprobs:
         return float(lp[int(token)]), top, [[int(i), float(lp[i])] for i in order]
 
 
-def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[int] = 16, temperature: float = 0.8,
-               top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0, logprobs: Optional[int] = None,
-               echo: bool = False, stop=None, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-               repeat_penalty: float = 1.0, top_k: int = 40, stream: bool = False, seed: Optional[int] = None,
-               tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
-               model: Optional[str] = None, stopping_criteria=None, logits_processor=None, grammar=None,
-               logit_bias=None, stream_usage: bool = False) -> Iterator[dict]:
-    """``create_completion``'s generator (see the module docstring); ``stream_usage``: a streamed
-    completion ends with a chunk carrying ``usage`` and no choices (OpenAI's
-    ``stream_options.include_usage``)."""
-    assert suffix is None or isinstance(suffix, str)
-    engine = llm._engine
-    completion_id = f"cmpl-{uuid.uuid4()}"
-    created = int(time.time())
-    bos = llm.token_bos()
-    tokens = prompt_tokens(llm, prompt, suffix)
-    completion_tokens: List[int] = [] if len(prompt) > 0 else [bos]
-    stops = [s.encode("utf-8") for s in (stop if isinstance(stop, list) else [stop] if isinstance(stop, str) else [])]
-    model_name = model if model is not None else llm.model_path
-    if tokens[:2] == [bos] * 2:
-        warnings.warn(f'Detected duplicate leading "{llm._model.token_get_text(bos)}" in prompt, this will likely '
-                      "reduce response quality, consider removing it...", RuntimeWarning)
+class _RenderingPreserved:
+    """``llm`` whose ``detokenize`` renders the ``preserved`` tokens as text (a chat's preserved
+    tokens, as llama-server renders them: ``<tool_call>`` and kin, which a model's vocabulary
+    may hold as control tokens, reach the chat layer's parser), everything else ``llm``'s."""
+
+    def __init__(self, llm, preserved):
+        self._llm, self._preserved = llm, preserved
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def detokenize(self, tokens, prev_tokens=None, special: bool = False) -> bytes:
+        out, run, prev = b"", [], list(prev_tokens or [])
+        for t in list(tokens) + [None]:
+            if t is None or t in self._preserved:
+                if run:
+                    out += self._llm.detokenize(run, prev_tokens=prev or None, special=special)
+                    prev += run
+                    run = []
+                if t is not None:
+                    out += self._llm.detokenize([t], prev_tokens=prev or None, special=True)
+                    prev.append(t)
+            else:
+                run.append(t)
+        return out
+
+
+def _processors(logits_processor, logit_bias) -> list:
+    """The request's logits processors, the logit bias last (as the binding adds it)."""
     processors = list(logits_processor) if logits_processor else []
     if logit_bias:
         bias = {int(k): float(v) for k, v in logit_bias.items()}
@@ -134,15 +141,49 @@ def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[i
             return out
 
         processors.append(add_bias)
-    n_ctx = engine.n_ctx_seq
-    if not tokens:
-        raise ValueError("the prompt is empty and the model adds no BOS token: give at least one token")
-    if len(tokens) >= n_ctx:
-        raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {n_ctx}")
-    if max_tokens is None or max_tokens <= 0:
-        max_tokens = n_ctx - len(tokens)
-    max_tokens = max_tokens if max_tokens + len(tokens) < n_ctx else n_ctx - len(tokens)
+    return processors
 
+
+def _token_budget(n_ctx: int, n_prompt: int, max_tokens: Optional[int]) -> int:
+    """The tokens a completion may generate, as the binding bounds them by the context."""
+    if n_prompt == 0:
+        raise ValueError("the prompt is empty and the model adds no BOS token: give at least one token")
+    if n_prompt >= n_ctx:
+        raise ValueError(f"Requested tokens ({n_prompt}) exceed context window of {n_ctx}")
+    if max_tokens is None or max_tokens <= 0:
+        max_tokens = n_ctx - n_prompt
+    return max_tokens if max_tokens + n_prompt < n_ctx else n_ctx - n_prompt
+
+
+def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[int] = 16, temperature: float = 0.8,
+               top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0, logprobs: Optional[int] = None,
+               echo: bool = False, stop=None, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+               repeat_penalty: float = 1.0, top_k: int = 40, stream: bool = False, seed: Optional[int] = None,
+               tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+               model: Optional[str] = None, stopping_criteria=None, logits_processor=None, grammar=None,
+               logit_bias=None, stream_usage: bool = False, preserved_tokens=None,
+               reasoning_budget=None) -> Iterator[dict]:
+    """``create_completion``'s generator (see the module docstring); ``stream_usage``: a streamed
+    completion ends with a chunk carrying ``usage`` and no choices (OpenAI's
+    ``stream_options.include_usage``); ``preserved_tokens``: token ids whose text the completion
+    shows although they are special, ``reasoning_budget``: a
+    :class:`~llama_metaws.engine.samplers.ReasoningBudget` (both a chat's, :mod:`llama_metaws.chat_layer`)."""
+    assert suffix is None or isinstance(suffix, str)
+    if preserved_tokens:
+        llm = _RenderingPreserved(llm, frozenset(preserved_tokens))
+    engine = llm._engine
+    completion_id = f"cmpl-{uuid.uuid4()}"
+    created = int(time.time())
+    bos = llm.token_bos()
+    tokens = prompt_tokens(llm, prompt, suffix)
+    completion_tokens: List[int] = [] if len(prompt) > 0 else [bos]
+    stops = [s.encode("utf-8") for s in (stop if isinstance(stop, list) else [stop] if isinstance(stop, str) else [])]
+    model_name = model if model is not None else llm.model_path
+    if tokens[:2] == [bos] * 2:
+        warnings.warn(f'Detected duplicate leading "{llm._model.token_get_text(bos)}" in prompt, this will likely '
+                      "reduce response quality, consider removing it...", RuntimeWarning)
+    processors = _processors(logits_processor, logit_bias)
+    max_tokens = _token_budget(engine.n_ctx_seq, len(tokens), max_tokens)
     if llm.cache:
         llm._cache_lookup(tokens)
     seed = llm._request_seed(seed)
@@ -151,7 +192,7 @@ def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[i
                               presence_penalty=presence_penalty, mirostat_mode=mirostat_mode,
                               mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
                               penalty_last_n=llm.last_n_tokens_size, seed=seed, grammar=grammar,
-                              logits_processor=processors or None)
+                              logits_processor=processors or None, reasoning_budget=reasoning_budget)
     want_rows = logprobs is not None
     req = Request(tokens, sampling, max_tokens=max_tokens, stopping_criteria=stopping_criteria,
                   logits_rows=want_rows, prompt_rows=want_rows and echo, stop=stops, slot=llm._slot_wanted(),

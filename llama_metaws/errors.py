@@ -30,9 +30,15 @@ class GrammarError(SamplingError, ValueError):
     does not allow. The request's fault: nothing was accepted."""
 
 
+class ChatLayerError(LlamaMetawsError, ValueError):
+    """llama.cpp's chat layer refused (what it threw, caught in the shim): a template that does
+    not parse or cannot render the messages, messages or tools it cannot read, a schema it
+    cannot turn into a grammar. The request's fault; the process goes on."""
+
+
 class PlanError(ValueError):
     """The planner cannot map its input (a config field, a flag); the message names it."""
 
 
 __all__ = ["PlanError", "LlamaMetawsError", "NativeBuildMissing", "BindingVersionError", "SamplingError",
-           "GrammarError"]
+           "GrammarError", "ChatLayerError"]

@@ -61,7 +61,6 @@ class _Refused(argparse.Action):
 
 # llama-server's flags this server refuses, and why
 REFUSED_SERVER_FLAGS = {
-    ("--no-jinja",): "this server renders chat templates with Jinja only (the model's, or --chat-template's)",
     ("--props",): "POST /props changes nothing here: GET /props is always served",
     ("--lora", "--lora-scaled", "--control-vector"): "adapters are not supported by llama-metaws serve",
     ("--mmproj", "-mm"): "no multimodal projector: this server serves text models",
@@ -174,10 +173,13 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=None,
                    help="the tokens to generate for requests that do not say (-1: up to the context; "
                    "default: each API's, 16 on /v1/completions)")
-    p.add_argument("--jinja", action="store_true",
-                   help="accepted: chat templates are always rendered with Jinja here")
+    p.add_argument("--jinja", dest="jinja", action="store_true", default=True,
+                   help="render chat templates with llama.cpp's Jinja (the default)")
+    p.add_argument("--no-jinja", dest="jinja", action="store_false",
+                   help="render with llama.cpp's built-in templates instead (--chat-template NAME); no tools")
     p.add_argument("--chat-template", metavar="JINJA_TEMPLATE",
-                   help="the chat template: Jinja text, or chatml or llama3 (default: the model's)")
+                   help="the chat template: Jinja text, or chatml; with --no-jinja any of llama.cpp's "
+                   "built-in names (default: the model's)")
     p.add_argument("--chat-template-file", metavar="FILE", help="the chat template's Jinja text from a file")
     p.add_argument("--slot-save-path", metavar="DIR",
                    help="serve POST /slots/{id}?action=save|restore|erase, the files in DIR (the whole "
@@ -187,6 +189,17 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    "were trained so")
     p.add_argument("--no-context-shift", action="store_true",
                    help="accepted: context shift is always off here (see --context-shift's error)")
+    p.add_argument("--chat-template-kwargs", metavar="STRING", type=_json_object, default=None,
+                   help="more parameters for the template, a JSON object, e.g. '{\"enable_thinking\": false}'")
+    p.add_argument("--reasoning-format", default="deepseek", choices=["none", "auto", "deepseek", "deepseek-legacy"],
+                   help="thinking in the answer: none (left in content), deepseek or auto (message.reasoning_content), "
+                   "deepseek-legacy (also kept in content while streaming); default deepseek, as llama-server")
+    p.add_argument("-rea", "--reasoning", default="auto", choices=["on", "off", "auto"],
+                   help="thinking in chats: on, off, or auto (the default: as the template supports it)")
+    p.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                   help="token budget for thinking: -1 for unrestricted (the default), 0 for an immediate end, N")
+    p.add_argument("--reasoning-budget-message", default="", metavar="MESSAGE",
+                   help="injected before the end-of-thinking tag when the budget is exhausted (default: none)")
     p.add_argument("--slots", dest="slots", action="store_true", default=True,
                    help="serve GET /slots (the default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve GET /slots")
@@ -194,6 +207,34 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="the largest request body accepted (default 16M); a larger one gets a 413")
     for names, reason in REFUSED_SERVER_FLAGS.items():
         p.add_argument(*names, action=_Refused, nargs="*", reason=reason, help=argparse.SUPPRESS)
+
+
+def _json_object(text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object is expected")
+    return value
+
+
+def chat_options(args: argparse.Namespace):
+    """llama.cpp's chat layer's server-wide options from llama-server's flags."""
+    import json
+
+    from .chat_layer import ChatOptions
+
+    kwargs = {k: json.dumps(v) for k, v in (getattr(args, "chat_template_kwargs", None) or {}).items()}
+    reasoning = {"on": 1, "off": 0, "auto": -1}[getattr(args, "reasoning", "auto")]
+    if reasoning != -1:  # as llama-server's --reasoning on/off sets enable_thinking
+        kwargs["enable_thinking"] = "true" if reasoning else "false"
+    return ChatOptions(reasoning_format=getattr(args, "reasoning_format", "deepseek"), reasoning=reasoning,
+                       chat_template_kwargs=kwargs, use_jinja=getattr(args, "jinja", True),
+                       reasoning_budget=getattr(args, "reasoning_budget", -1),
+                       reasoning_budget_message=getattr(args, "reasoning_budget_message", ""))
 
 
 def llama_kwargs(args: argparse.Namespace) -> dict:

@@ -33,7 +33,9 @@ New keyword arguments (llama.cpp's option names):
 - ``phase_aware_workspace=True`` and ``workspace_mode`` (``"alias"``, ``"private-meta"``,
   ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash);
 - prompt reuse of a recurrent or hybrid target (:mod:`llama_metaws.engine.checkpoints`):
-  ``ctx_checkpoints`` (count per slot), ``checkpoint_every`` (tokens) and ``ctx_checkpoints_bytes``.
+  ``ctx_checkpoints`` (count per slot), ``checkpoint_every`` (tokens) and ``ctx_checkpoints_bytes``;
+- ``chat_format="llama.cpp"`` or ``chat_template`` (text): chats on llama.cpp's chat layer (:mod:`.chat_layer`),
+  also the default for a model whose template it reads; other ``chat_format`` names are the binding's.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
+from . import chat_layer as _chat
 from . import completion as _completion
 from . import state as _state
 from .engine import checkpoints as _ckpt
@@ -185,6 +188,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         ctx_checkpoints: int = _ckpt.DEFAULT_CTX_CHECKPOINTS,
         checkpoint_every: int = _ckpt.DEFAULT_CHECKPOINT_EVERY,
         ctx_checkpoints_bytes: int = _ckpt.DEFAULT_CHECKPOINT_BYTES,
+        chat_template: Optional[str] = None,
         **kwargs,
     ):
         t_load = time.perf_counter()
@@ -272,7 +276,10 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         # properties below add our fields there, on this instance alone (no other thread or
         # instance can see them), by the names the structs declare
         self._model_fields, self._context_fields = model_fields, context_fields
-        super().__init__(model_path, *args, split_mode=split, tensor_split=tensor_split, **kwargs)
+        self._chat_templates = None
+        chat_format = kwargs.pop("chat_format", None)
+        super().__init__(model_path, *args, split_mode=split, tensor_split=tensor_split,
+                         chat_format=None if chat_format == _chat.LAYER_FORMAT else chat_format, **kwargs)
         # what llama.cpp was given is what we asked for (a binding that built its params some
         # other way would otherwise lose them silently)
         check_fields(self.model_params, model_fields, "llama_model_params")
@@ -307,6 +314,9 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
                 devices=list(devices or []), rpc=bool(self._rpc), tensor_split=list(tensor_split or []),
                 workspace=[phase_aware_workspace, workspace_mode]))
             self._engine.calibrate(key, load_s=time.perf_counter() - t_load)
+        self._chat_templates = _chat.templates_for(self, chat_format, kwargs.get("chat_handler"), chat_template)
+        if self._chat_templates is not None:
+            self.chat_format = _chat.LAYER_FORMAT
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")
@@ -327,6 +337,16 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
 
     # ---------------------------------------------------------------------------------------
     # completions and generation: engine requests
+
+    def create_chat_completion(self, messages=None, *args, **kwargs):
+        """The binding's call, or with ``chat_format == "llama.cpp"`` :func:`.chat_layer.create_chat_completion`."""
+        if self._chat_templates is None:
+            return super().create_chat_completion(messages, *args, **kwargs)
+        return _chat.create_chat_completion(self, self._chat_templates, messages, *args, **kwargs)
+
+    def use_chat_templates(self, templates: "_chat.ChatTemplates") -> None:
+        """Chat on these templates of llama.cpp's chat layer (the server's, from its flags)."""
+        self._chat_templates, self.chat_format = templates, _chat.LAYER_FORMAT
 
     def _create_completion(self, *args, **kwargs):
         """The binding's completion generator, answered by the engine (:mod:`llama_metaws.completion`)."""

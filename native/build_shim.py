@@ -98,7 +98,7 @@ def make_ffi(include_dir: Path, lib_dir: Path, sanitize: tuple = (), objects: Se
         sources=[str(p) for p in sources(".c")],
         include_dirs=[str(HERE), str(include_dir)],
         library_dirs=[str(lib_dir)],
-        libraries=["llama", "ggml", "ggml-base", "stdc++"],
+        libraries=["llama-common", "llama", "ggml", "ggml-base", "stdc++"],
         extra_objects=list(objects),
         extra_compile_args=[*C_FLAGS, *sanitize],
         extra_link_args=[f"-Wl,-rpath,{lib_dir}", *sanitize],
@@ -107,15 +107,18 @@ def make_ffi(include_dir: Path, lib_dir: Path, sanitize: tuple = (), objects: Se
 
 
 def compile_shim(out_dir: Path, include_dir: Path, lib_dir: Path, sanitize: tuple = (),
-                 ext_include_dir: Optional[Path] = None) -> Path:
+                 ext_include_dir: Optional[Path] = None, common_include_dir: Optional[Path] = None) -> Path:
     """Compile the extension into ``out_dir``; returns the path of the built module.
 
     ``sanitize``: ``-fsanitize=...`` flags, the same as the libraries were built with;
     ``ext_include_dir``: where llama.cpp's ``llama-ext.h`` is (the patched tree's ``src/``),
+    ``common_include_dir``: where its common library's headers are (the patched tree's
+    ``common/``: ``chat.h``; the library is ``libllama-common``, installed beside libllama),
     for the C++ side.
     """
     sanitize = tuple(sanitize)
-    cxx_includes = [HERE, include_dir, *([ext_include_dir] if ext_include_dir else [])]
+    cxx_includes = [HERE, include_dir, *([ext_include_dir] if ext_include_dir else []),
+                    *([common_include_dir] if common_include_dir else [])]
     objects = compile_cxx(out_dir, cxx_includes, sanitize)
     ffi = make_ffi(include_dir, lib_dir, sanitize, objects)
     return Path(ffi.compile(tmpdir=str(out_dir), verbose=False))

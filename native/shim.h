@@ -17,6 +17,7 @@
 #define LMWS_EFAILED    -5
 #define LMWS_EGRAMMAR   -6   // a grammar that does not parse, or that no token can continue
 #define LMWS_ESAMPLER   -7   // llama.cpp's sampler threw (caught in sampler.cpp)
+#define LMWS_ECHAT      -8   // llama.cpp's chat layer threw (caught in chat_layer.cpp)
 
 // lmws_workspace_attach: the contexts cannot share (not an error: both stay private)
 #define LMWS_NOT_ELIGIBLE 1
@@ -86,6 +87,27 @@ int lmws_rpc_start_server(const char * endpoint, const char * cache_dir, size_t 
 int lmws_grammar_check(const struct llama_vocab * vocab, const char * grammar, const char * root);
 int lmws_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx, llama_token * out);
 int lmws_sampler_accept(struct llama_sampler * smpl, llama_token token);
+
+// llama.cpp's chat layer, common/chat.h (chat_layer.cpp): JSON in, JSON out (malloc'ed strings,
+// freed with lmws_chat_free_string); what it throws is LMWS_ECHAT with the exception's text.
+// override_src: a template's text (or llama.cpp's "chatml"); NULL or "": the model's own
+struct lmws_chat_templates;
+struct lmws_chat_parser;
+int  lmws_chat_templates_init(const struct llama_model * model, const char * override_src,
+                              struct lmws_chat_templates ** out);
+void lmws_chat_templates_free(struct lmws_chat_templates * t);
+int  lmws_chat_templates_info(const struct lmws_chat_templates * t, char ** out);
+int  lmws_chat_templates_apply(const struct lmws_chat_templates * t, const char * inputs_json, char ** out);
+int  lmws_chat_parser_init(const char * params_json, struct lmws_chat_parser ** out);
+void lmws_chat_parser_free(struct lmws_chat_parser * ps);
+int  lmws_chat_parser_update(struct lmws_chat_parser * ps, const char * text_added, bool is_partial, char ** out);
+void lmws_chat_free_string(char * s);
+int  lmws_chat_grammar_init(const struct llama_vocab * vocab, const char * grammar, bool lazy,
+                            const char * triggers_json, const llama_token * preserved, size_t n_preserved,
+                            const char * generation_prompt, bool prefill, struct llama_sampler ** out);
+int  lmws_reasoning_budget_init(const struct llama_vocab * vocab, const char * start_tag, const char * end_tags_json,
+                                const char * message, int32_t budget, const char * generation_prompt,
+                                struct llama_sampler ** out);
 
 #ifdef __cplusplus
 }

@@ -100,10 +100,12 @@ def test_the_source_is_patched_trimmed_and_hashed(source, manifest):
     for kept in ("CMakeLists.txt", "src/llama.cpp", "include/llama.h", "ggml/src/ggml-cpu",
                  "ggml/src/ggml-cuda/ggml-cuda.cu", "ggml/src/ggml-cuda/template-instances", "vendor/nlohmann",
                  "ggml/src/ggml-rpc/ggml-rpc.cpp",  # every build has the RPC backend
+                 "common/chat.cpp", "vendor/cpp-httplib",  # the common library: the shim's chat layer
+                 "models/templates/Qwen3.5-4B.jinja",  # the chat tests' templates
                  "tests/test-alloc.cpp"):
         assert (source / kept).exists(), kept
-    for dropped in ("docs", "models", "tools", "examples", "common", "gguf-py", "ggml/src/ggml-vulkan",
-                    "ggml/src/ggml-metal", "ggml/src/ggml-sycl", "vendor/cpp-httplib", "tests/CMakeLists.txt"):
+    for dropped in ("docs", "models/ggml-vocab-llama-bpe.gguf", "tools", "examples", "gguf-py", "ggml/src/ggml-vulkan",
+                    "ggml/src/ggml-metal", "ggml/src/ggml-sycl", "tests/CMakeLists.txt"):
         assert not (source / dropped).exists(), dropped
     assert manifest["source"]["unpacked_bytes"] < 24 * MiB
 

@@ -173,15 +173,18 @@ def test_json_response_format_and_forced_tool_calls_work_on_a_vocabulary_that_ca
         assert res["choices"][0]["finish_reason"] == "stop"
         value = json.loads(res["choices"][0]["message"]["content"])
         assert set(value) == {"n"} and isinstance(value["n"], int)
+        # a sampled temperature goes through the same checked chain
+        res = llm.create_chat_completion(chat, max_tokens=64, temperature=0.9, seed=3,
+                                         response_format={"type": "json_object", "schema": schema})
+        assert isinstance(json.loads(res["choices"][0]["message"]["content"])["n"], int)
+    # this model's template has no tools (llama.cpp's chat layer leaves them out, as llama-server):
+    # the binding's own format by name forces the call with its grammar
+    with Llama(str(chars_model), n_ctx=512, verbose=False, chat_format="chatml") as llm:
         tools = [{"type": "function", "function": {"name": "pick", "parameters": schema}}]
         res = llm.create_chat_completion(chat, max_tokens=64, temperature=0, tools=tools,
                                          tool_choice={"type": "function", "function": {"name": "pick"}})
         call = res["choices"][0]["message"]["tool_calls"][0]["function"]
         assert call["name"] == "pick" and set(json.loads(call["arguments"])) == {"n"}
-        # a sampled temperature goes through the same checked chain
-        res = llm.create_chat_completion(chat, max_tokens=64, temperature=0.9, seed=3,
-                                         response_format={"type": "json_object", "schema": schema})
-        assert isinstance(json.loads(res["choices"][0]["message"]["content"])["n"], int)
 
 
 def test_a_grammar_under_mtp_drafting_and_tensor_split_gives_the_undrafted_output(chars_mtp_model):

@@ -183,16 +183,16 @@ def app_client(plain_model):
     named, so who tokenizes can be seen."""
     from starlette.testclient import TestClient
 
+    from llama_metaws.chat_layer import ChatTemplates
     from llama_metaws.server.app import create_app
-    from llama_metaws.server.chat import ChatTemplate
     from llama_metaws.server.requests import ModelAccess
     from llama_metaws.server.worker import ModelWorker, ServedLlama
 
     llm = ServedLlama(str(plain_model), n_ctx=512, verbose=False)
-    template = ChatTemplate.for_model(llm)
-    llm.chat_handler = template.handler
+    templates = ChatTemplates.for_llama(llm)
+    llm.use_chat_templates(templates)
     worker = ModelWorker(llm, queue_size=4)
-    app = create_app(worker, ModelAccess(llm, template, alias="m"), slots=False, max_body_size=1000)
+    app = create_app(worker, ModelAccess(llm, templates, alias="m"), slots=False, max_body_size=1000)
     with TestClient(app) as client:
         client.worker, client.llm = worker, llm
         yield client

@@ -190,10 +190,20 @@ def test_llama_servers_flags_map_to_the_model_and_the_others_are_refused_by_name
                                                                                               2 << 20)
     plain = flags.llama_kwargs(p.parse_args(["serve", "-m", "x.gguf"]))
     assert "type_k" not in plain and "kv_unified" not in plain
+    # the chat layer's flags, as llama-server's
+    chat = flags.chat_options(p.parse_args(["serve", "-m", "x.gguf", "--no-jinja", "--reasoning-format", "none",
+                                            "-rea", "off", "--chat-template-kwargs", '{"x": 1}',
+                                            "--reasoning-budget", "5", "--reasoning-budget-message", "enough"]))
+    assert (chat.use_jinja, chat.reasoning_format, chat.reasoning) == (False, "none", 0)
+    assert (chat.reasoning_budget, chat.reasoning_budget_message) == (5, "enough")
+    assert chat.chat_template_kwargs == {"x": "1", "enable_thinking": "false"}
+    default = flags.chat_options(p.parse_args(["serve", "-m", "x.gguf"]))
+    assert (default.use_jinja, default.reasoning_format, default.reasoning, default.chat_template_kwargs) == \
+        (True, "deepseek", -1, {})
     import gguf
 
     assert {n: int(gguf.GGMLQuantizationType[n.upper()]) for n in flags.KV_CACHE_TYPES} == flags.KV_CACHE_TYPES
-    for argv, words in ((["--no-jinja"], "Jinja only"), (["--lora", "a.gguf"], "adapters"),
+    for argv, words in ((["--lora", "a.gguf"], "adapters"),
                         (["-ctk", "q3_k"], "not a KV cache type"), (["--props"], "GET /props"),
                         (["--context-shift"], "recurrent state, which cannot be shifted")):
         with pytest.raises(SystemExit):

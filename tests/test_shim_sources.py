@@ -93,7 +93,7 @@ def test_a_new_source_of_either_language_is_built_with_its_own_flags_and_no_warn
     builder = _load_builder(native)
     capfd.readouterr()
     module_path = builder.compile_shim(tmp_path / "out", b.include_dir, b.lib_dir,
-                                       ext_include_dir=b.src_dir / "src")
+                                       ext_include_dir=b.src_dir / "src", common_include_dir=b.src_dir / "common")
     out, err = capfd.readouterr()
     assert "warning" not in (out + err).lower(), out + err
     spec = importlib.util.spec_from_file_location(builder.MODULE_NAME, module_path)

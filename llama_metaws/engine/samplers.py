@@ -20,10 +20,67 @@ from ..errors import GrammarError
 from ..native.binding import _internals, llama_cpp
 from . import sampling as _sampling
 
-__all__ = ["SamplingParams", "SlotSampler", "GrammarError"]
+__all__ = ["SamplingParams", "SlotSampler", "GrammarError", "ChatGrammar", "ReasoningBudget"]
 
 #: the binding's default for penalty_last_n (llama_cpp.Llama's last_n_tokens_size)
 PENALTY_LAST_N = 64
+
+
+@dataclasses.dataclass
+class ChatGrammar:
+    """A grammar as llama-server's sampler takes a chat's (``common_sampler_init``): lazy until
+    one of its triggers (``common_grammar_trigger``s as the chat layer gives them) appears, or
+    eager; the chat layer's own eager grammar (``prefill``) first accepts the generation prompt
+    the template ended the prompt with. ``preserved``: the preserved tokens' ids (a trigger word
+    that is one token must be one of them)."""
+
+    text: str
+    lazy: bool = False
+    triggers: Sequence[dict] = ()
+    preserved: Sequence[int] = ()
+    generation_prompt: str = ""
+    prefill: bool = False
+
+    def sampler(self, vocab):
+        """A new grammar sampler (a ``llama_sampler *`` as an int address) for ``vocab``."""
+        import json
+
+        from ..native.shim import address, check_error, ffi, lib
+
+        _sampling.check_grammar(self.text, vocab)  # the depth and size limits, llama.cpp's message
+        out = ffi.new("struct llama_sampler **")
+        kept = ffi.new("llama_token[]", [int(t) for t in self.preserved] or [0])
+        check_error(lib.lmws_chat_grammar_init(
+            ffi.cast("struct llama_vocab *", address(vocab)), self.text.encode("utf-8"), bool(self.lazy),
+            json.dumps(list(self.triggers)).encode("utf-8"), kept, len(self.preserved),
+            self.generation_prompt.encode("utf-8"), bool(self.prefill), out))
+        return int(ffi.cast("uintptr_t", out[0]))
+
+
+@dataclasses.dataclass
+class ReasoningBudget:
+    """llama-server's reasoning budget for a chat (``--reasoning-budget``): once ``budget`` tokens
+    of the thinking block (opened by ``start``, the generation prompt counting) have gone by, the
+    sampler forces ``message`` and the first of ``ends``."""
+
+    start: str
+    ends: Sequence[str]
+    budget: int
+    message: str = ""
+    generation_prompt: str = ""
+
+    def sampler(self, vocab):
+        """A new budget sampler (a ``llama_sampler *`` as an int address) for ``vocab``."""
+        import json
+
+        from ..native.shim import address, check_error, ffi, lib
+
+        out = ffi.new("struct llama_sampler **")
+        check_error(lib.lmws_reasoning_budget_init(
+            ffi.cast("struct llama_vocab *", address(vocab)), self.start.encode("utf-8"),
+            json.dumps(list(self.ends)).encode("utf-8"), self.message.encode("utf-8"), int(self.budget),
+            self.generation_prompt.encode("utf-8"), out))
+        return int(ffi.cast("uintptr_t", out[0]))
 
 
 @dataclasses.dataclass
@@ -43,13 +100,15 @@ class SamplingParams:
     mirostat_eta: float = 0.1
     penalty_last_n: int = PENALTY_LAST_N
     seed: int = 0xFFFFFFFF
-    grammar: Optional[object] = None                 # a llama_cpp.LlamaGrammar
+    grammar: Optional[object] = None                 # a llama_cpp.LlamaGrammar or a ChatGrammar
     logits_processor: Optional[Sequence[Callable]] = None  # f(input_ids, logits) -> logits
+    reasoning_budget: Optional[ReasoningBudget] = None  # a chat's, applied before the grammar
 
     @property
     def greedy(self) -> bool:
         """The chain takes the argmax of the logits as they come (no processor, no grammar)."""
         return (self.temp == 0.0 and not self.logits_processor and self.grammar is None
+                and self.reasoning_budget is None
                 and self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0
                 and self.presence_penalty == 0.0)
 
@@ -79,6 +138,8 @@ class SlotSampler:
             chain.add_custom(apply)
         chain.add_penalties(n_vocab=n_vocab, penalty_last_n=p.penalty_last_n, penalty_repeat=p.repeat_penalty,
                             penalty_freq=p.frequency_penalty, penalty_present=p.presence_penalty)
+        if p.reasoning_budget is not None:
+            _add_native(chain, p.reasoning_budget.sampler(model.vocab))
         if p.grammar is not None:
             _add_grammar(chain, model, p.grammar)
         if p.temp < 0.0:
@@ -114,7 +175,15 @@ class SlotSampler:
             self._chain = None
 
 
+def _add_native(chain, sampler: int) -> None:
+    """Add a sampler the shim made (its address) to the chain, which owns it from then on."""
+    llama_cpp.llama_sampler_chain_add(chain.sampler, ctypes.cast(sampler, llama_cpp.llama_cpp.llama_sampler_p_ctypes))
+
+
 def _add_grammar(chain, model, grammar) -> None:
+    if isinstance(grammar, ChatGrammar):
+        _add_native(chain, grammar.sampler(model.vocab))
+        return
     text = getattr(grammar, "_grammar", None)
     root = getattr(grammar, "_root", "root")
     if not isinstance(text, str):

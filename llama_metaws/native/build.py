@@ -52,7 +52,9 @@ VENDOR_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 # Bump when the steps below change in a way that changes what they produce.
 RECIPE_VERSION = 1
 
-# What the binding needs, nothing more: no common library, tools, tests or the app. The RPC
+# What the binding and the shim need, nothing more: llama.cpp's common library (its chat layer,
+# common/chat.h, which the shim's chat_layer.cpp wraps; installed as lib/libllama-common.so), no
+# tools, tests or the app. The RPC
 # backend is on for everyone (``rpc_servers=``, ``llama-metaws rpc-server``), and so is ggml's
 # testing option GGML_ALLOC_FAULT_INJECTION (patch 0004, off in ggml's default build): this build
 # is the one the plugin's tests, the sanitizer run and the GPU kit run on, and they fail
@@ -62,7 +64,7 @@ RECIPE_VERSION = 1
 BASE_CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=ON",
-    "-DLLAMA_BUILD_COMMON=OFF",
+    "-DLLAMA_BUILD_COMMON=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_TOOLS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
@@ -569,7 +571,8 @@ def build_shim(build: Build, progress: Progress = _stderr_progress) -> Path:
     try:
         build_shim.compile_shim(tmp, build.include_dir, build.lib_dir,
                                 sanitize=sanitizer_flags(build.manifest.get("cmake_args", ())),
-                                ext_include_dir=build.src_dir / "src")
+                                ext_include_dir=build.src_dir / "src",
+                                common_include_dir=build.src_dir / "common")
         for stale in tmp.iterdir():  # objects and the generated C: only the module is kept
             if not stale.name.endswith(".so"):
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 
-from ..errors import GrammarError, LlamaMetawsError, NativeBuildMissing, SamplingError
+from ..errors import ChatLayerError, GrammarError, LlamaMetawsError, NativeBuildMissing, SamplingError
 from .runtime import require_build
 
 
@@ -45,6 +45,7 @@ def check_error(status: int) -> int:
         lib.LMWS_ENOTSUP: NotImplementedError,
         lib.LMWS_EGRAMMAR: GrammarError,
         lib.LMWS_ESAMPLER: SamplingError,
+        lib.LMWS_ECHAT: ChatLayerError,
     }.get(status, LlamaMetawsError)
     raise exc(message)
 

@@ -2,18 +2,18 @@
 and llama-server's own on the patched ``Llama``.
 
 llama-cpp-python's request types and ``Llama.create_completion`` / ``create_chat_completion``
-(the chat template, stop strings, seeds, logprobs, grammars) do the work; the serving around
-them is ours. :mod:`.app` puts the route groups (:mod:`.routes`) on a :class:`.serving.Serving`;
-the request layer (:mod:`.requests`, :mod:`.openai_api`, :mod:`.responses_api`,
-:mod:`.anthropic_api`, :mod:`.llama_api`, :mod:`.infill`, :mod:`.chat`) checks, tokenizes and
-shapes, off the model's thread, and talks to the model only through ``Llama``'s public calls and
-to the worker (:mod:`.worker`) through a small interface (its module docstring). The worker runs
-``-np`` requests at once on the engine (one runner thread each), the rest wait; a dropped or
-interrupted stream frees its slot after its next token, a request beyond ``--queue-size``
-waiting ones gets a 503, bad requests get a 4xx in their API's error shape, every response
-carries llama-server's ``timings`` (draft counts included) and ``--metrics`` serves
-``GET /metrics``. SIGTERM and SIGINT cancel the requests in flight and stop the server within
-seconds.
+(stop strings, seeds, logprobs, grammars; chats through llama.cpp's own chat layer,
+:mod:`llama_metaws.chat_layer`) do the work; the serving around them is ours. :mod:`.app` puts
+the route groups (:mod:`.routes`) on a :class:`.serving.Serving`; the request layer
+(:mod:`.requests`, :mod:`.openai_api`, :mod:`.responses_api`, :mod:`.anthropic_api`,
+:mod:`.llama_api`, :mod:`.infill`, :mod:`.chat`) checks, tokenizes and shapes, off the model's
+thread, and talks to the model only through ``Llama``'s public calls and to the worker
+(:mod:`.worker`) through a small interface (its module docstring). The worker runs ``-np``
+requests at once on the engine (one runner thread each), the rest wait; a dropped or interrupted
+stream frees its slot after its next token, a request beyond ``--queue-size`` waiting ones gets
+a 503, bad requests get a 4xx in their API's error shape, every response carries llama-server's
+``timings`` (draft counts included) and ``--metrics`` serves ``GET /metrics``. SIGTERM and
+SIGINT cancel the requests in flight and stop the server within seconds.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from .app import create_app
-        from .chat import ChatTemplate
+        from ..chat_layer import ChatTemplates
         from .openai_api import system_fingerprint
         from .requests import ModelAccess
         from .worker import ModelWorker, ServedLlama
@@ -66,7 +66,7 @@ def serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
-    from ..flags import llama_kwargs
+    from ..flags import chat_options, llama_kwargs
 
     if args.queue_size < 0:
         print(f"llama-metaws serve: --queue-size must be >= 0, got {args.queue_size}", file=sys.stderr)
@@ -79,18 +79,18 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"llama-metaws serve: {e}", file=sys.stderr)
         return 2
-    try:
-        template = ChatTemplate.for_model(llm, args.chat_template, args.chat_template_file)
+    try:  # llama.cpp's chat layer, as llama-server sets it up (see llama_metaws.chat_layer)
+        templates = ChatTemplates.for_llama(llm, args.chat_template, args.chat_template_file, chat_options(args))
     except ValueError as e:
         llm.close()
         print(f"llama-metaws serve: {e}", file=sys.stderr)
         return 2
-    if template is not None:  # chats render as /apply-template shows them (see .chat)
-        llm.chat_handler = template.handler
+    llm.use_chat_templates(templates)  # chats run as /apply-template shows them
+
     def names(text):
         return [x.strip() for x in (text or "").split(",") if x.strip()]
 
-    model = ModelAccess(llm, template, alias=Path(args.model).name, aliases=names(args.alias),
+    model = ModelAccess(llm, templates, alias=Path(args.model).name, aliases=names(args.alias),
                         tags=names(args.tags), temperature=args.temp, n_predict=args.n_predict, seed=args.seed,
                         verbose=args.verbose, spm_infill=args.spm_infill)
     alias = model.alias

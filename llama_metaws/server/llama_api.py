@@ -416,7 +416,7 @@ def props(model: ModelAccess, *, total_slots: int, slots_endpoint: bool, metrics
             "modalities": {"vision": False, "audio": False, "video": False},
             "endpoint_slots": slots_endpoint, "endpoint_props": False, "endpoint_metrics": metrics,
             "chat_template": model.chat.source if model.chat is not None else "",
-            "chat_template_caps": {}, "bos_token": text(llm.token_bos()), "eos_token": text(llm.token_eos()),
+            "chat_template_caps": model.chat.caps if model.chat is not None else {}, "bos_token": text(llm.token_bos()), "eos_token": text(llm.token_eos()),
             "build_info": build_info, "is_sleeping": False}
 
 
@@ -446,15 +446,11 @@ def detokenize(body: dict, model: ModelAccess) -> dict:
 
 
 def apply_template(body: dict, model: ModelAccess) -> dict:
-    """POST /apply-template: the prompt a chat request with these ``messages`` runs."""
-    from .chat import normalize_messages
+    """POST /apply-template: the prompt a chat request with this body runs (llama.cpp's chat
+    layer, as for ``/v1/chat/completions``)."""
+    from .chat import request_of
 
-    if model.chat is None:
-        raise RequestError(501, "the model has no chat template: start the server with --chat-template or "
-                           "--chat-template-file", type="not_supported_error", code="no_chat_template")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "'messages' must be a non-empty list", param="messages", code="invalid_value")
-    prompt, _ = model.chat.render(normalize_messages(messages), tools=body.get("tools"),
-                                  tool_choice=body.get("tool_choice"))
-    return {"prompt": prompt}
+    return {"prompt": request_of(body, model).params.prompt}

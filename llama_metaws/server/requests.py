@@ -20,7 +20,7 @@ import dataclasses
 import json
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .chat import ChatTemplate, normalize_messages
+from . import chat as _chat
 from .errors import RequestError
 
 # parameters of the request types that are not keyword arguments of the Llama calls
@@ -28,11 +28,17 @@ _NOT_KWARGS = {"model", "n", "best_of", "user", "logit_bias", "logit_bias_type",
                "max_completion_tokens"}
 
 #: OpenAI fields the binding's types do not have, accepted here: ``stream_options.include_usage``
-#: is honoured (a last chunk with the usage); ``parallel_tool_calls`` (a chat answer calls one
-#: tool at most here), ``store``, ``metadata``, ``reasoning_effort`` (the binding's chat handler
-#: passes nothing to the template) and ``service_tier`` are accepted and ignored.
+#: is honoured (a last chunk with the usage), and on a chat ``parallel_tool_calls`` and
+#: ``reasoning_effort`` (given to llama.cpp's chat layer, as llama-server does); ``store``,
+#: ``metadata`` and ``service_tier`` are accepted and ignored.
 OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata", "reasoning_effort",
                    "service_tier"}
+
+#: llama-server's own chat fields, for its chat layer: ``reasoning_format`` (none, auto,
+#: deepseek, deepseek-legacy), ``chat_template_kwargs`` (``enable_thinking``, ...),
+#: ``json_schema``, ``add_generation_prompt``, the reasoning budget's
+LLAMA_SERVER_CHAT = {"reasoning_format", "chat_template_kwargs", "json_schema", "add_generation_prompt",
+                     "reasoning_budget_tokens", "thinking_budget_tokens", "reasoning_budget_message"}
 
 #: llama-server's own fields its OpenAI routes take too: ``cache_prompt`` (true, the default:
 #: reuse the prefix of the prompt a slot holds; false: evaluate the whole prompt),
@@ -95,13 +101,13 @@ class ModelAccess:
     (``--temp``, ``-n``, ``-s``, ``--spm-infill``) and names (``-a``: ``aliases``, the first in
     sorted order the ``alias`` answers carry; ``--tags``)."""
 
-    def __init__(self, llm, chat_template: Optional[ChatTemplate] = None, *, alias: str = "model",
+    def __init__(self, llm, chat_templates=None, *, alias: str = "model",
                  temperature: Optional[float] = None, n_predict: Optional[int] = None,
                  aliases: Optional[List[str]] = None, tags: Optional[List[str]] = None, seed: int = -1,
                  verbose: bool = False, spm_infill: bool = False):
         self.llm = llm
         self.spm_infill = spm_infill  # --spm-infill: /infill's suffix before its prefix
-        self.chat = chat_template
+        self.chat = chat_templates  # a chat_layer.ChatTemplates: the model's, or the flags'
         self.aliases = sorted(set(aliases)) if aliases else [alias]
         self.alias = self.aliases[0]
         self.tags = sorted(set(tags or []))
@@ -454,55 +460,19 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     return plan
 
 
-def _response_format(model: ModelAccess, body: dict) -> dict:
-    """OpenAI's ``{"type": "json_schema", "json_schema": {"schema": ...}}`` as the binding's
-    ``{"type": "json_object", "schema": ...}``; the grammar of either checked now."""
-    fmt = body.get("response_format")
-    if fmt is None:
-        return body
-    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-        raise RequestError(400, "invalid 'response_format': its type must be 'text', 'json_object' or 'json_schema'",
-                           param="response_format", code="invalid_value")
-    if fmt["type"] == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise RequestError(400, "invalid 'response_format': json_schema must be an object with a 'schema'",
-                               param="response_format", code="invalid_value")
-        fmt = {"type": "json_object", "schema": spec.get("schema", {})} if spec.get("schema") else {"type": "json_object"}
-    if fmt["type"] == "json_object" and "schema" in fmt:
-        model.schema_grammar(fmt["schema"], "response_format")
-    return dict(body, response_format=fmt)
-
-
-def _forced_tool(model: ModelAccess, body: dict) -> Optional[str]:
-    """A named ``tool_choice``: the tool must be there, and its parameters' grammar check."""
-    choice = body.get("tool_choice")
-    if not isinstance(choice, dict):
-        return None
-    name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
-    tools = body.get("tools") or []
-    tool = next((t for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
-                 and t["function"].get("name") == name), None)
-    if tool is None:
-        raise RequestError(400, f"invalid 'tool_choice': no tool named {name!r} in 'tools'", param="tool_choice",
-                           code="invalid_value")
-    params = tool["function"].get("parameters")
-    if params is not None:
-        # refused when the binding cannot convert it (it would fall back to any JSON, after
-        # recursing as deep as Python lets it on the model's thread)
-        model.schema_grammar(params, "tool_choice")
-    return "tool_choice"
-
-
 def chat(body: dict, model: ModelAccess) -> Plan:
-    """``POST /v1/chat/completions``; ``max_completion_tokens`` is OpenAI's newer ``max_tokens``."""
+    """``POST /v1/chat/completions``; ``max_completion_tokens`` is OpenAI's newer ``max_tokens``.
+    The chat fields go to llama.cpp's chat layer (:mod:`.chat`), applied here: its prompt is
+    tokenized here, and the request carries what the model's thread runs."""
     _, chat_type = _request_types()
-    check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"} | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
+    check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"} | OPENAI_ACCEPTED
+                | LLAMA_SERVER_ACCEPTED | LLAMA_SERVER_CHAT)
     include_usage = _stream_options(body)
     reuse = cache_prompt(body)
     flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
     body = _n_predict(body)
-    body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
+    chat_body = body
+    body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED | LLAMA_SERVER_CHAT}
     check_max_tokens(body, "max_tokens")
     check_max_tokens(body, "max_completion_tokens")
     if body.get("max_completion_tokens") is not None:
@@ -515,31 +485,24 @@ def chat(body: dict, model: ModelAccess) -> Plan:
         raise RequestError(400, "no messages: send a non-empty 'messages' list", param="messages",
                            code="invalid_value")
     body = _defaults(model, body, "max_tokens")
-    body = dict(body, messages=normalize_messages(body["messages"]))
-    body = _response_format(model, body)
-    req = validate(chat_type, body)
-    forced = _forced_tool(model, body)
-    kwargs = req.model_dump(exclude=_NOT_KWARGS)
-    kwargs["messages"] = body["messages"]  # as sent (normalized): the template sees what the client sent
+    # the binding's types check the fields' types; response_format is the chat layer's to read
+    # (OpenAI's json_schema form, which the binding's type lacks, included)
+    req = validate(chat_type, dict(body, response_format=None, messages=_chat.parts_joined(body["messages"])))
+    chat_req = _chat.request_of(chat_body, model)
+    kwargs = req.model_dump(exclude=_NOT_KWARGS | set(_chat.CHAT_FIELDS) | {"messages", "functions", "function_call"})
     plan = _plan("chat", req, kwargs, "messages", model)
+    kwargs.pop("grammar", None)  # the request carries it (a grammar beside tools is refused there)
+    kwargs["request"] = chat_req
     plan.n_choices = n_choices
     llama_server_fields(flags, plan, model)
     plan.include_usage = include_usage
     plan.cache_prompt = reuse
-    if plan.grammar_param is None and forced:
-        plan.grammar_param = forced
-    if plan.grammar_param is None and kwargs.get("response_format", {}) and \
-            (kwargs["response_format"] or {}).get("type") == "json_object":
-        plan.grammar_param = "response_format"
-    if model.chat is not None:  # the prompt the model's chat handler will render, tokenized here
-        prompt, added_special = model.chat.render(kwargs["messages"], tools=kwargs.get("tools"),
-                                                  tool_choice=kwargs.get("tool_choice"),
-                                                  functions=kwargs.get("functions"),
-                                                  function_call=kwargs.get("function_call"))
-        ids = model.tokenize(prompt, add_bos=not added_special, special=True, tokens=plan.tokens)
-        plan.n_prompt = len(ids)
-        plan.prompt_text = model.llm.detokenize(ids, special=True).decode("utf-8", "replace")
-        model.check_context(plan.n_prompt, "messages")
+    if chat_req.params.grammar:
+        plan.grammar_param = "tools" if chat_body.get("tools") else "response_format"
+    ids = model.tokenize(chat_req.params.prompt, add_bos=False, special=True, tokens=plan.tokens)
+    plan.n_prompt = len(ids) + model.n_specials
+    plan.prompt_text = model.llm.detokenize(ids, special=True).decode("utf-8", "replace")
+    model.check_context(plan.n_prompt, "messages")
     return plan
 
 
@@ -547,16 +510,13 @@ def chat_input_tokens(body: dict, model: ModelAccess) -> dict:
     """``POST /v1/chat/completions/input_tokens`` (llama-server's token count): the tokens the
     prompt of a chat request with these ``messages`` (and ``tools``) has, as it would run;
     nothing is generated and no other field is needed."""
-    if model.chat is None:
-        raise RequestError(501, "the model has no chat template: start the server with --chat-template or "
-                           "--chat-template-file", type="not_supported_error", code="no_chat_template")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "no messages: send a non-empty 'messages' list", param="messages",
                            code="invalid_value")
-    prompt, added_special = model.chat.render(normalize_messages(messages), tools=body.get("tools"),
-                                              tool_choice=body.get("tool_choice"))
-    return {"input_tokens": len(model.tokenize(prompt, add_bos=not added_special, special=True, tokens={}))}
+    fields = {k: body[k] for k in ("messages", "tools", "tool_choice") if k in body}
+    prompt = _chat.request_of(fields, model).params.prompt
+    return {"input_tokens": len(model.tokenize(prompt, add_bos=False, special=True, tokens={})) + model.n_specials}
 
 
 def _plan(kind: str, req, kwargs: dict, prompt_param: str, model: ModelAccess) -> Plan:

@@ -25,13 +25,33 @@ as a trained vocabulary tokenizes common words.
 ``"fim"``: ``"chars"`` (no BOS, no byte tokens but the newline) with the same FIM tokens and no
 space put before a text, so that a piece of code tokenizes as it is, as a coder's BPE does: a
 small model whose ``/infill`` prompts read back as their layout.
+
+``"chat-qwen"``, ``"chat-llama3"``, ``"chat-deepseek"``: ``chars`` holding a chat family's special
+tokens (:data:`CHAT_FAMILIES`), for tests of llama.cpp's chat layer on real templates.
 """
 
 from __future__ import annotations
 
 from typing import List, Tuple
 
-VOCABS = ("test", "chars", "chars-bytes", "chars-fim", "fim")
+#: a chat model family's special tokens, as its real vocabulary types them: control tokens
+#: (rendered only as special text) and user-defined ones (always text); a ``chat-<family>``
+#: vocabulary is ``chars`` with these in place of the first filler words, so chat prompts are
+#: short and llama.cpp's chat layer sees its markers as single tokens
+CHAT_FAMILIES = {
+    "qwen": {"control": ["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+             "user": ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]},
+    "llama3": {"control": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                           "<|eom_id|>", "<|python_tag|>"], "user": []},
+    "deepseek": {"control": ["<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+                             "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>"],
+                 "user": ["<think>", "</think>", "<\uff5ctool\u2581calls\u2581begin\uff5c>",
+                          "<\uff5ctool\u2581calls\u2581end\uff5c>", "<\uff5ctool\u2581call\u2581begin\uff5c>",
+                          "<\uff5ctool\u2581call\u2581end\uff5c>", "<\uff5ctool\u2581sep\uff5c>"]},
+}
+
+
+VOCABS = ("test", "chars", "chars-bytes", "chars-fim", "fim") + tuple(f"chat-{f}" for f in CHAT_FAMILIES)
 
 CHATML_TOKENS = ["<|im_start|>", "<|im_end|>"]
 # FIM token -> its GGUF key (tokenizer.ggml.fim_KEY_token_id)
@@ -41,6 +61,23 @@ FIM_TOKENS = {"<|fim_prefix|>": "pre", "<|fim_suffix|>": "suf", "<|fim_middle|>"
 MIN_FULL_VOCAB = 384
 
 _JSON_PIECES = ['{"', '"}', '":', '",', '": "', "\u2581the", "true", "false", "null", "\u2581\u2581"]
+
+
+def chat_vocab(family: str, n_vocab: int) -> Tuple[List[str], List[float], List[int]]:
+    """``chars`` with a chat family's special tokens (:data:`CHAT_FAMILIES`) in its filler slots."""
+    import gguf
+
+    texts, scores, types = chars_vocab(n_vocab)
+    spec = CHAT_FAMILIES[family]
+    specials = [(t, gguf.TokenType.CONTROL) for t in spec["control"]] + \
+               [(t, gguf.TokenType.USER_DEFINED) for t in spec["user"]]
+    first = texts.index("\u2581w0")
+    if first + len(specials) >= n_vocab - 1:
+        raise ValueError(f"a chat-{family} vocabulary needs more than {n_vocab} tokens")
+    for i, (text, kind) in enumerate(specials):
+        texts[first + i], types[first + i], scores[first + i] = text, int(kind), 0.0
+    return texts, scores, types
+
 
 
 def word_pieces(words) -> List[str]:
@@ -87,7 +124,10 @@ def write_vocab(writer, kind: str, n_vocab: int, eos: int, words=()) -> None:
         writer.add_token_scores([0.0] * n_vocab)
         writer.add_token_types([int(gguf.TokenType.NORMAL)] * n_vocab)
     else:
-        texts, scores, types = chars_vocab(n_vocab, kind, words)
+        if kind.startswith("chat-"):
+            texts, scores, types = chat_vocab(kind[len("chat-"):], n_vocab)
+        else:
+            texts, scores, types = chars_vocab(n_vocab, kind, words)
         writer.add_tokenizer_model("llama")
         writer.add_token_list(texts)
         writer.add_token_scores(scores)
@@ -97,8 +137,8 @@ def write_vocab(writer, kind: str, n_vocab: int, eos: int, words=()) -> None:
         if kind in ("chars-fim", "fim"):
             for text, key in FIM_TOKENS.items():
                 writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", texts.index(text))
-        if kind == "fim":
-            writer.add_add_space_prefix(False)  # a piece of code tokenizes as it is, as a coder's BPE does
+        if kind == "fim" or kind.startswith("chat-"):  # as a coder's or a chat family's BPE: no space before a text
+            writer.add_add_space_prefix(False)
     writer.add_add_bos_token(kind in ("chars-bytes", "chars-fim"))
     writer.add_add_eos_token(False)
     writer.add_eos_token_id(eos)  # so chat completions have an end-of-generation token

@@ -61,13 +61,14 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 EXTRA_REQUIREMENTS = ("pytest>=7.4", "setuptools>=70")
 
 #: The llama.cpp tree the library build reads (relative to vendor/llama.cpp), all else dropped.
-#: ggml's backends other than the CPU and CUDA are dropped from ggml/src, vendor/cpp-httplib
-#: (only the common library uses it) from vendor, and tests/ but test-alloc.cpp (a peer test of
-#: the suite compiles it against the patched ggml).
-KEEP = ("CMakeLists.txt", "LICENSE", "licenses", "cmake", "include", "src", "vendor", "ggml",
-        "tests/test-alloc.cpp")
+#: ggml's backends other than the CPU and CUDA are dropped from ggml/src, and tests/ but
+#: test-alloc.cpp (a peer test of the suite compiles it against the patched ggml). The common
+#: library (the shim's chat layer) and the cpp-httplib it links are kept, and models/templates
+#: (the chat templates the suite's chat tests read).
+KEEP = ("CMakeLists.txt", "LICENSE", "licenses", "cmake", "include", "src", "vendor", "ggml", "common",
+        "tests/test-alloc.cpp", "models/templates")
 KEEP_BACKENDS = ("ggml-cpu", "ggml-cuda", "ggml-rpc")
-DROP = ("vendor/cpp-httplib",)
+DROP = ()
 
 #: The checkout's parts the kit carries (the build's source root and the tests).
 REPO_PARTS = ("llama_metaws", "native", "patches", "tests", "bench", "pyproject.toml", "README.md",
