@@ -11,11 +11,22 @@ import anthropic
 import openai
 import pytest
 
-from llama_metaws.testing import make_tiny_model
+from llama_metaws.native.runtime import require_build
+from llama_metaws.testing import EOS_TOKEN, N_VOCAB, make_tiny_mtp_model, make_tiny_model
+from llama_metaws.testing.vocab import chat_vocab
 from serving import Server
 
 N = 8
-TOOL_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+# a boolean argument: the chat layer's grammar spells it out (an XML format's string is free text)
+TOOL_SCHEMA = {"type": "object", "properties": {"hot": {"type": "boolean"}}, "required": ["hot"],
+               "additionalProperties": False}
+QWEN_TEMPLATE = require_build().src_dir / "models" / "templates" / "Qwen3.5-4B.jinja"
+QWEN_TOKENS = {t: i for i, t in enumerate(chat_vocab("qwen", N_VOCAB)[0])}
+# a random tiny model would not begin a call by itself: a bias toward <tool_call> (the chat
+# layer's grammar takes over from there), the end favoured once the grammar allows it (the model's
+# EOS; the family's other end tokens ruled out), as tests/test_server_chat.py steers it
+STEER = {"logit_bias": {str(QWEN_TOKENS["<tool_call>"]): 50, str(EOS_TOKEN): 100,
+                        str(QWEN_TOKENS["<|im_end|>"]): -100, str(QWEN_TOKENS["<|endoftext|>"]): -100}}
 RESPONSES_TOOL = {"type": "function", "name": "get_weather", "description": "the weather in a city",
                   "parameters": TOOL_SCHEMA}
 ANTHROPIC_TOOL = {"name": "get_weather", "description": "the weather in a city", "input_schema": TOOL_SCHEMA}
@@ -27,6 +38,16 @@ def server(models_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("agents")
     srv = Server(model, "--chat-template", "chatml", "-c", "1024", "--temp", "0", "-a", "tiny",
                  log_path=tmp / "agents.log")
+    yield from srv.running()
+
+
+@pytest.fixture(scope="module")
+def tool_server(models_dir, tmp_path_factory):
+    """A template that takes tools (the vendored Qwen3.5-4B, its special tokens in the vocabulary),
+    on a drafting MTP model: the chat layer's own grammar forces the calls."""
+    model = make_tiny_mtp_model(models_dir / "agents-qwen.gguf", vocab="chat-qwen", seed=7)
+    srv = Server(model, "--spec-type", "draft-mtp", "-c", "4096", "--chat-template-file", str(QWEN_TEMPLATE),
+                 "--temp", "0", "-a", "qwen", log_path=tmp_path_factory.mktemp("agents-tools") / "tools.log")
     yield from srv.running()
 
 
@@ -96,26 +117,30 @@ def test_a_streamed_response_builds_the_same_response_in_openais_events(oai):
     assert final.usage.output_tokens == whole.usage.output_tokens and final.id == events[0].response.id
 
 
-def test_a_forced_function_call_is_a_function_call_item_streamed_or_not(oai):
-    kw = dict(model="tiny", input="weather in Paris?", tools=[RESPONSES_TOOL], max_output_tokens=60,
-              tool_choice={"type": "function", "name": "get_weather"}, temperature=0)
+def test_a_forced_function_call_is_a_function_call_item_streamed_or_not(tool_server):
+    oai = tool_server.client()
+    kw = dict(model="qwen", input="Is it hot in Paris?", tools=[RESPONSES_TOOL], max_output_tokens=96,
+              tool_choice={"type": "function", "name": "get_weather"}, reasoning={"effort": "none"},
+              extra_body=STEER)
     r = oai.responses.create(**kw)
     calls = [o for o in r.output if o.type == "function_call"]
-    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id
-    assert calls[0].arguments.startswith('{"city"')
+    assert r.status == "completed" and len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id
+    assert json.loads(calls[0].arguments) in ({"hot": True}, {"hot": False})
     with oai.responses.stream(**kw) as stream:
         events = list(stream)
         final = stream.get_final_response()
     streamed = [o for o in final.output if o.type == "function_call"]
-    assert len(streamed) == 1 and streamed[0].arguments == calls[0].arguments
+    assert len(streamed) == 1 and streamed[0].arguments == calls[0].arguments and streamed[0].name == "get_weather"
     pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-    assert len(pieces) > 1 and "".join(pieces) == calls[0].arguments  # arguments in pieces
+    assert pieces and "".join(pieces) == calls[0].arguments
     # the next turn sends the call and its output back, as an agent loop does
-    follow = oai.responses.create(model="tiny", max_output_tokens=N, temperature=0, tools=[RESPONSES_TOOL], input=[
-        {"role": "user", "content": "weather in Paris?"},
-        {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "arguments": '{"city": "P"}'},
-        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}])
-    assert follow.output_text
+    follow = oai.responses.create(model="qwen", max_output_tokens=N, tools=[RESPONSES_TOOL], reasoning={"effort": "none"},
+                                  input=[{"role": "user", "content": "Is it hot in Paris?"},
+                                         {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather",
+                                          "arguments": calls[0].arguments},
+                                         {"type": "function_call_output", "call_id": calls[0].call_id,
+                                          "output": "yes"}])
+    assert follow.output and follow.usage.input_tokens > r.usage.input_tokens
 
 
 @pytest.mark.parametrize("body, param", [
@@ -165,24 +190,27 @@ def test_a_streamed_message_builds_the_same_message_in_anthropics_events(claude)
     assert final.usage.output_tokens == whole.usage.output_tokens
 
 
-def test_a_forced_tool_is_a_tool_use_block_and_its_result_goes_back(claude):
-    kw = dict(model="tiny", max_tokens=60, tools=[ANTHROPIC_TOOL],
-              tool_choice={"type": "tool", "name": "get_weather"}, messages=[{"role": "user", "content": "weather?"}])
+def test_a_forced_tool_is_a_tool_use_block_and_its_result_goes_back(tool_server):
+    claude = anthropic.Anthropic(base_url=tool_server.base, api_key="none", max_retries=0, timeout=60)
+    kw = dict(model="qwen", max_tokens=96, tools=[ANTHROPIC_TOOL], thinking={"type": "disabled"},
+              tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+              messages=[{"role": "user", "content": "Is it hot in Paris?"}], extra_body=STEER)
     m = claude.messages.create(**kw)
     uses = [b for b in m.content if b.type == "tool_use"]
-    assert m.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "get_weather"
-    assert isinstance(uses[0].input, dict) and uses[0].id
+    assert m.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "get_weather", m
+    assert uses[0].input in ({"hot": True}, {"hot": False}) and uses[0].id
     with claude.messages.stream(**kw) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use" and final.content[-1].type == "tool_use"
-    assert final.content[-1].input == uses[0].input
-    follow = claude.messages.create(model="tiny", max_tokens=N, tools=[ANTHROPIC_TOOL], messages=[
-        {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": [{"type": "thinking", "thinking": "ask", "signature": ""},
+    assert final.content[-1].input == uses[0].input and final.content[-1].id
+    follow = claude.messages.create(model="qwen", max_tokens=N, tools=[ANTHROPIC_TOOL], messages=[
+        {"role": "user", "content": "Is it hot in Paris?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "ask the tool", "signature": ""},
                                           {"type": "tool_use", "id": uses[0].id, "name": "get_weather",
-                                           "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "sunny"}]}])
-    assert follow.content and follow.content[0].type == "text"
+                                           "input": uses[0].input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "yes"}]}])
+    assert follow.content and follow.usage.input_tokens + follow.usage.cache_read_input_tokens > \
+        m.usage.input_tokens + m.usage.cache_read_input_tokens
 
 
 def test_count_tokens_counts_the_prompt_a_message_runs(oai, claude):

@@ -11,8 +11,10 @@ template as ``reasoning_content``); ``redacted_thinking`` is dropped; ``image`` 
 are refused: no model here takes them), ``system`` (a string or text blocks), ``max_tokens``
 (4096 when absent, as llama-server defaults it), ``stop_sequences``, ``temperature``, ``top_p``,
 ``top_k``, ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
-(``auto``, ``any``: a call is forced, ``tool``: that one, ``none``), ``thinking``
-(``{"type": "enabled" | "disabled"}``: accepted; the template's own setting applies), ``metadata``.
+(``auto``, ``any``: a call is forced, ``tool``: that one, ``none``; ``disable_parallel_tool_use``),
+``thinking`` (``{"type": "enabled", "budget_tokens": N}``: the template's ``enable_thinking`` and
+the reasoning budget, as llama-server maps it; ``"disabled"``: no thinking), ``metadata``, and
+llama-server's own ``chat_template_kwargs``, ``logit_bias`` and ``cache_prompt``.
 Errors are in Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``.
 
 Answer: ``content`` holds a ``thinking`` block (the chat's ``reasoning_content``, an empty
@@ -38,7 +40,9 @@ from .errors import ANTHROPIC, RequestError
 DEFAULT_MAX_TOKENS = 4096  # llama-server's, for a request without max_tokens
 _KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
           "tools", "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers",
-          "context_management"}
+          "context_management"} | {"chat_template_kwargs", "logit_bias", "cache_prompt"}
+#: llama-server's own fields, passed to the chat request as they are (not Anthropic's)
+LLAMA_SERVER_FIELDS = ("logit_bias", "cache_prompt")
 
 
 def _bad(message: str, param: Optional[str] = None) -> RequestError:
@@ -133,7 +137,7 @@ def to_chat(body: dict) -> dict:
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise _bad("max_tokens: an integer >= 1 is expected", "max_tokens")
     chat["max_tokens"] = max_tokens
-    for key in ("model", "temperature", "top_p", "top_k", "stream"):
+    for key in ("model", "temperature", "top_p", "top_k", "stream") + LLAMA_SERVER_FIELDS:
         if body.get(key) is not None:
             chat[key] = body[key]
     if body.get("stop_sequences") is not None:
@@ -168,6 +172,14 @@ def to_chat(body: dict) -> dict:
                 raise _bad("tool_choice: auto, any, tool (with a name) or none", "tool_choice")
             if choice.get("disable_parallel_tool_use"):
                 chat["parallel_tool_calls"] = False
+    kwargs = dict(body.get("chat_template_kwargs") or {})  # llama-server's, passed through
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled"):
+        kwargs.setdefault("enable_thinking", thinking["type"] == "enabled")
+        if thinking["type"] == "enabled" and isinstance(thinking.get("budget_tokens"), int):
+            chat["thinking_budget_tokens"] = thinking["budget_tokens"]  # as llama-server maps it
+    if kwargs:
+        chat["chat_template_kwargs"] = kwargs
     if chat.get("stream"):
         chat["stream_options"] = {"include_usage": True}
     return chat

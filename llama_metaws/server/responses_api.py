@@ -13,8 +13,9 @@ next assistant message's ``reasoning_content``), ``instructions`` (a system mess
 ``parallel_tool_calls``, ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``,
 ``text.format`` (``json_schema`` / ``json_object``: the chat's ``response_format``),
 ``reasoning.effort``. Accepted without effect: :data:`IGNORED`. ``previous_response_id`` is
-refused (nothing is stored here, as llama-server stores nothing); so is any field the API does
-not have.
+refused (nothing is stored here, as llama-server stores nothing). Any other field goes to the
+chat request as it is, as llama-server passes it (its own fields, ``chat_template_kwargs`` or
+``logit_bias``; one the chat route does not know is a 400 naming it).
 
 Answer: ``output`` holds a ``reasoning`` item (the chat's ``reasoning_content``), a ``message``
 item (its ``content``, one ``output_text`` part) and a ``function_call`` item per tool call
@@ -184,16 +185,16 @@ def _response_format(text) -> Optional[dict]:
 
 def to_chat(body: dict) -> dict:
     """The chat completion request that serves a Responses request (a 400 for what cannot)."""
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise RequestError(400, f"unknown parameter {unknown[0]!r}", param=unknown[0], code="unknown_parameter")
     for key in ("previous_response_id", "conversation", "prompt"):
         if body.get(key):
             raise RequestError(400, f"{key!r} is not supported: this server stores no responses or prompts; "
                                "send the whole conversation as 'input'", param=key, code="unsupported_parameter")
     if "input" not in body:
         raise _bad("'input' is required", "input")
-    chat: Dict = {k: body[k] for k in _PASSED if body.get(k) is not None}
+    # as llama-server does, any other field goes to the chat request (llama-server's own, such as
+    # chat_template_kwargs or logit_bias; one the chat route does not know is its 400 there)
+    chat: Dict = {k: v for k, v in body.items() if k not in _KNOWN or k in _PASSED}
+    chat = {k: v for k, v in chat.items() if v is not None}
     chat["messages"] = _messages(body)
     tools = _tools(body)
     if tools:
