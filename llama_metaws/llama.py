@@ -44,7 +44,7 @@ import os
 import random
 import threading
 import time
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -56,11 +56,10 @@ from .engine import devices as _devices
 from .engine import rpc as _rpc
 from .engine import prior as _prior
 from .engine import sampling as _sampling
-from .engine import slot_files
 from .engine.contexts import split_mode_value
 from .engine.core import Engine
 from .engine.drafting import AdaptiveLength
-from .engine.gguf_meta import check_complete, read_keys
+from .engine.gguf_meta import nextn_layers as _gguf_nextn_layers
 from .engine.request import DraftStats, Request, timings_of
 from .engine.samplers import SamplingParams
 from .engine.workspace import MODES as WORKSPACE_MODES
@@ -76,21 +75,6 @@ DRAFT_KINDS = ("mtp",)
 PROPOSER_MAX = 10
 #: a closed generator waits this long at most for its request to end (one engine step)
 CLOSE_WAIT_S = 60.0
-
-
-def _gguf_nextn_layers(path: str) -> tuple:
-    """(architecture, nextn_predict_layers) from the file's metadata, without loading it."""
-    try:
-        arch = read_keys(path, ["general.architecture"]).get("general.architecture")
-        if arch is None:
-            raise ValueError(f"{path} has no general.architecture: not a llama.cpp model")
-        n = read_keys(path, [f"{arch}.nextn_predict_layers"]).get(f"{arch}.nextn_predict_layers", 0)
-        check_complete(path)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        if "general.architecture" in str(e):
-            raise
-        raise ValueError(f"{path} is not a readable GGUF model (truncated?): {e}") from None
-    return arch, int(n)
 
 
 class DraftStatsReport:
@@ -166,7 +150,7 @@ class _SlotZero:
             slot.tokens[:n] = np.asarray(value[:n], dtype=np.intc)
 
 
-class Llama(llama_cpp.Llama):
+class Llama(_state.SlotFiles, llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` on the engine, with MTP drafting, named devices and the workspace.
 
     See the module docstring for the new keyword arguments; every other argument is
@@ -569,33 +553,6 @@ class Llama(llama_cpp.Llama):
     def slots(self) -> list:
         """Each slot's state (llama-server's ``GET /slots`` fields)."""
         return self._engine.slot_states()
-
-    # llama-server's slot actions: each runs on the engine's thread once no request runs ---------
-
-    def _slot(self, id_slot: int):
-        e = self._engine
-        if isinstance(id_slot, bool) or not isinstance(id_slot, int) or not 0 <= id_slot < len(e.slots):
-            raise ValueError(f"no slot {id_slot!r}: this model has slots 0 to {len(e.slots) - 1}")
-        return e.slots[id_slot]
-
-    def save_slot(self, id_slot: int, path: str) -> Tuple[int, int]:
-        """Write slot ``id_slot`` (its sequence in the target and the draft context, the rows the
-        draft pairs with, its checkpoints: :mod:`.engine.slot_files`) to ``path``; (tokens saved,
-        bytes written)."""
-        slot = self._slot(id_slot)
-        return self._engine.exclusive(lambda: slot_files.save(self._engine, slot, str(path)))
-
-    def restore_slot(self, id_slot: int, path: str) -> Tuple[int, int]:
-        """Put a slot saved by :meth:`save_slot` (from any slot of the same model, with drafting
-        as here) into slot ``id_slot``; (tokens restored, bytes read). A ``ValueError`` for a file
-        this model cannot take, the slot then empty."""
-        slot = self._slot(id_slot)
-        return self._engine.exclusive(lambda: slot_files.restore(self._engine, slot, str(path)))
-
-    def erase_slot(self, id_slot: int) -> int:
-        """Empty slot ``id_slot``; the tokens it held."""
-        slot = self._slot(id_slot)
-        return self._engine.exclusive(lambda: slot_files.erase(self._engine, slot))
 
     def timings(self) -> dict:
         """The figures of the completion this thread ran last (else of the request that ended last).

@@ -227,7 +227,8 @@ def _usage(timings: Optional[dict], usage: Optional[dict]) -> dict:
 
 
 class Responder:
-    """A chat request's results (``inner``: :class:`~.openai_api.Responder`) as Responses answers."""
+    """A chat request's results (``inner``: :class:`~.openai_api.Responder`) as a ``response``
+    (:meth:`responder` picks the streaming one for a streamed request)."""
 
     dialect = OPENAI
 
@@ -256,6 +257,10 @@ class Responder:
                 "store": False, "temperature": b.get("temperature"), "text": b.get("text") or {"format": {"type": "text"}},
                 "tool_choice": b.get("tool_choice", "auto"), "tools": b.get("tools") or [],
                 "top_p": b.get("top_p"), "truncation": "disabled", "usage": usage, "metadata": b.get("metadata") or {}}
+
+    @staticmethod
+    def responder(plan, inner, body: dict, alias: str) -> "Responder":
+        return (StreamResponder if plan.stream else Responder)(inner, body, alias)
 
     @staticmethod
     def _status(finish: Optional[str]) -> str:
@@ -293,7 +298,18 @@ class Responder:
         return {"id": "fc_" + call_id.removeprefix("call_"), "type": "function_call", "status": status,
                 "call_id": call_id, "name": name, "arguments": arguments}
 
-    # streamed ------------------------------------------------------------------------------
+    def first(self, job) -> List[str]:
+        return []
+
+    def events(self, piece: dict, job) -> List[str]:
+        return []
+
+    def end(self) -> List[str]:
+        return []
+
+
+class StreamResponder(Responder):
+    """A streamed request's chunks as the Responses API's events, item by item."""
 
     def _event(self, kind: str, **fields) -> str:
         data = dict(type=kind, sequence_number=self.seq, **fields)

@@ -24,7 +24,8 @@ def routes(serving: Serving) -> List[Route]:
         body = await serving.body_of(request)
         chat = responses_api.to_chat(body)
         plan = await serving.check(_requests.chat, chat, model)
-        return await serving.run(request, plan, responses_api.Responder(openai_api.Responder(plan), body, model.alias))
+        responder = responses_api.Responder.responder(plan, openai_api.Responder(plan), body, model.alias)
+        return await serving.run(request, plan, responder)
 
     return [
         Route("/v1/responses", responses, methods=["POST"]),
