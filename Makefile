@@ -37,13 +37,13 @@ SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_
 	tests/test_engine.py::test_concurrent_requests_under_tensor_split_equal_their_solo_outputs \
 	tests/test_engine.py::test_an_allocation_failure_fails_the_requests_of_its_step_and_the_retries_match
 
-.PHONY: setup build demo test server-suite peer-tests series-check install-ccache bench sanitize clean-build gpu-kit gpu-kit-dry-run
+.PHONY: setup build demo test package-check server-suite peer-tests series-check install-ccache bench sanitize clean-build gpu-kit gpu-kit-dry-run
 
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	CMAKE_ARGS="$(BINDING_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
-	$(PY) -m pip install --quiet cmake ninja setuptools
+	$(PY) -m pip install --quiet cmake ninja setuptools build twine
 	$(PY) -m pip install --quiet -e ".[test,plot,suite]"
 	touch $@
 
@@ -57,6 +57,13 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -ra -m "not peer" tests
+
+# The package as a user installs it (README, "Installing with pip"): python -m build, twine
+# check, the sdist into a fresh venv in a temporary directory with one pip command, then
+# llama-metaws demo and a smoke subset of the tests against the installed package (.ci/package_check.sh;
+# the native build is a hit of the cache key when make setup built the same inputs).
+package-check: setup
+	.ci/package_check.sh $(PYTHON)
 
 # llama.cpp's own server suite (tools/server/tests of the pinned sdist, unpacked under
 # build/server-suite) against llama-metaws serve through tests/server_suite's llama-server shim,

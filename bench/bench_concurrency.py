@@ -11,7 +11,13 @@ the same cores with the same thread count, ``-np 4 -c 4096 -fa on``:
 * ``serve, no drafting``: ``llama-metaws serve``;
 * ``llama-server, draft-mtp``: llama.cpp's server built from the same patched tree (``llama-metaws
   build --tools``), ``--spec-type draft-mtp --spec-draft-n-max 3``;
-* ``llama-server, no drafting``.
+* ``llama-server, no drafting``;
+* named with ``--servers`` only: ``serve, k=1``, ``serve, k=2``, ``serve, k=4`` (our server at the
+  other fixed draft lengths; ``serve, draft-mtp`` is k=3), the field ``serve, auto`` is weighed
+  against (the best of them and ``serve, no drafting``).
+
+Our servers get an empty ``LLAMA_METAWS_COSTS`` folder: ``serve, auto`` measures its cost prior at
+load (``engine/prior.py``), as a first start on a machine does.
 
 All of them run for the whole bench (started at once, each warmed up with one request, stopped by
 PID at the end: their peak RSS is VmHWM / ``wait4``'s over the run). Each round runs every cell
@@ -66,6 +72,9 @@ AGREEMENT = 0.8
 PLOT = HERE / "concurrency.png"
 SERVERS = ("serve, draft-mtp", "serve, auto", "serve, no drafting", "llama-server, draft-mtp",
            "llama-server, no drafting")
+#: our server at the other fixed draft lengths (``serve, draft-mtp`` is k=3): not run unless named
+FIXED_K = ("serve, k=1", "serve, k=2", "serve, k=4")
+KNOWN = SERVERS + FIXED_K
 MIB = 2**20
 
 
@@ -89,7 +98,8 @@ def prompts(n: int, n_tokens: int) -> List[str]:
 def server_cmds(name: str, tools: dict, model: Path, port: int, a: argparse.Namespace) -> List[str]:
     common = ["-m", str(model), "--port", str(port), "-np", str(N_PARALLEL), "-c", str(N_CTX), "-fa", "on",
               "-t", str(a.threads)]
-    spec = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "auto" if name.endswith("auto") else str(DRAFT_MAX)]
+    k = "auto" if name.endswith("auto") else name.rsplit("k=", 1)[1] if "k=" in name else str(DRAFT_MAX)
+    spec = ["--spec-type", "draft-mtp", "--spec-draft-n-max", k]
     if name.startswith("serve"):
         cmd = [sys.executable, "-m", "llama_metaws", "serve", *common, "--metrics"]
         return cmd + spec + ["--phase-aware-workspace"] if "no drafting" not in name else cmd
@@ -219,9 +229,11 @@ def measure(a: argparse.Namespace, keep: Optional[Callable[[dict], None]] = None
     try:
         for name in a.servers:
             port = _serve.free_port()
+            # draft_max="auto" measures its cost prior at load (a fresh folder: no curve saved before)
+            env = dict(os.environ, LLAMA_METAWS_COSTS=str(logdir / "costs"))
             srv = _serve.Server(name, server_cmds(name, tools, model, port, a), port, a.cores,
-                                logdir / (name.replace(", ", "-").replace(" ", "_") + ".log"),
-                                start_timeout=a.timeout)
+                                logdir / (name.replace(", ", "-").replace(" ", "_").replace("=", "") + ".log"),
+                                env=env, start_timeout=a.timeout)
             t0 = time.monotonic()
             servers[name] = srv.start()
             _serve.complete(port, "warm-up " + texts[0][:40], 4, request_extra(name), stream=True, timeout=a.timeout)
@@ -295,6 +307,13 @@ def paired_best(m: dict, n: int, num: str, dens: List[str]) -> float:
     return _med([x["agg_tps"] / max(y["agg_tps"] for y in ys) for x, *ys in zip(a, *bs)])
 
 
+def lead_share(m: dict, n: int, num: str, ref: str, den: str) -> float:
+    """How much of ``ref``'s lead over ``den`` ``num`` has: ``(num/den - 1) / (ref/den - 1)`` from the
+    medians over rounds of the paired ratios (nan where ``ref`` does not lead)."""
+    r_num, r_ref = paired(m, n, num, den), paired(m, n, ref, den)
+    return (r_num - 1) / (r_ref - 1) if r_ref > 1 else float("nan")
+
+
 def table(m: dict, a: argparse.Namespace, label: str) -> str:
     s = summarize(m)
     names = list(m["cells"])
@@ -334,13 +353,21 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         if ours in s and theirs in s:
             lines.append(f"| {ours} / {theirs} (>= 0.9) | "
                          + " | ".join(_f(paired(m, n, ours, theirs), ".2f") for n in ns) + " |")
-    ours = ["serve, draft-mtp", "serve, no drafting"]
-    if "serve, auto" in s and all(x in s for x in ours):
-        lines.append("| serve, auto / the better of serve, draft-mtp and serve, no drafting (>= 0.95) | "
+    ours = [x for x in ("serve, no drafting", "serve, k=1", "serve, k=2", "serve, draft-mtp", "serve, k=4") if x in s]
+    if "serve, auto" in s and len(ours) > 1:
+        named = ", ".join(x.replace("serve, ", "").replace("draft-mtp", "k=3") for x in ours)
+        lines.append(f"| serve, auto / the best of serve with {named} (>= 0.95) | "
                      + " | ".join(_f(paired_best(m, n, "serve, auto", ours), ".2f") for n in ns) + " |")
-    if "serve, auto" in s and "llama-server, draft-mtp" in s:
-        lines.append("| serve, auto / llama-server, draft-mtp (> 1) | "
-                     + " | ".join(_f(paired(m, n, "serve, auto", "llama-server, draft-mtp"), ".2f") for n in ns) + " |")
+    ls = "llama-server, draft-mtp"
+    if "serve, auto" in s and ls in s:
+        lines.append(f"| serve, auto / {ls} | "
+                     + " | ".join(_f(paired(m, n, "serve, auto", ls), ".2f") for n in ns) + " |")
+        if "serve, no drafting" in s:
+            lines.append(f"| serve, no drafting / {ls} | "
+                         + " | ".join(_f(paired(m, n, "serve, no drafting", ls), ".2f") for n in ns) + " |")
+            lines.append(f"| serve, auto's lead over {ls} / serve, no drafting's (>= 0.9 at N=1) | "
+                         + " | ".join(_f(lead_share(m, n, "serve, auto", "serve, no drafting", ls), ".2f")
+                                      for n in ns) + " |")
     for name in ("serve, draft-mtp", "llama-server, draft-mtp"):
         if name in s and 1 in s[name]:
             base = s[name][1]["accept"]
@@ -385,7 +412,8 @@ def plot(m: dict, a: argparse.Namespace) -> Optional[Path]:
     s = summarize(m)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
     style = {"serve, draft-mtp": ("C0", "o-"), "serve, auto": ("C2", "o--"), "serve, no drafting": ("C0", "o:"),
-             "llama-server, draft-mtp": ("C1", "s-"), "llama-server, no drafting": ("C1", "s:")}
+             "llama-server, draft-mtp": ("C1", "s-"), "llama-server, no drafting": ("C1", "s:"),
+             "serve, k=1": ("C3", "^-"), "serve, k=2": ("C4", "v-"), "serve, k=4": ("C5", "d-")}
     for name, by_n in s.items():
         ns = sorted(by_n)
         color, fmt = style.get(name, ("k", "x-"))
@@ -415,7 +443,7 @@ def main() -> None:
     ap.add_argument("--ns", type=lambda v: tuple(int(x) for x in v.split(",")),
                     help=f"comma-separated client counts (default {','.join(map(str, NS))}; at most {N_PARALLEL})")
     ap.add_argument("--servers", type=lambda v: tuple(x.strip() for x in v.split(";")),
-                    help="semicolon-separated subset of: " + "; ".join(SERVERS))
+                    help="semicolon-separated, of: " + "; ".join(KNOWN) + " (default: the first five)")
     ap.add_argument("--prompts", type=int, help="distinct prompts per cell (8; --quick 4)")
     ap.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (128)")
     ap.add_argument("--tokens", type=int, help="tokens per request (64; --quick 32)")
@@ -441,9 +469,9 @@ def main() -> None:
     if max(a.ns) > N_PARALLEL:
         ap.error(f"--ns: at most {N_PARALLEL} clients (the servers' -np)")
     a.servers = a.servers or SERVERS
-    unknown = [x for x in a.servers if x not in SERVERS]
+    unknown = [x for x in a.servers if x not in KNOWN]
     if unknown:
-        ap.error(f"--servers: unknown {unknown}; choose from {SERVERS}")
+        ap.error(f"--servers: unknown {unknown}; choose from {KNOWN}")
     a.prompts = a.prompts or (4 if a.quick else 8)
     a.tokens = a.tokens or (32 if a.quick else 64)
     if a.quick and "--rounds" not in sys.argv:

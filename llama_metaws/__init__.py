@@ -4,9 +4,14 @@ Importing this package points llama-cpp-python at our patched llama.cpp build (s
 ``runtime.prepare``): import it before ``llama_cpp``.
 """
 
+import importlib.metadata as _metadata
+
 from .native import runtime as _runtime
 
-__version__ = "0.1.0"
+try:  # the version is pyproject.toml's alone
+    __version__ = _metadata.version("llama-metaws")
+except _metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
+    __version__ = "0+unknown"
 
 _runtime.prepare()
 

@@ -15,6 +15,16 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from .native import build, manifest, tools_build
 
     try:
+        bundled = _bundled_build(build, manifest)
+        if bundled is not None and not (args.force or args.tools):
+            if bundled.root.name == build.BuildInputs.collect().key():
+                print(f"llama-metaws: this installation carries build {bundled.root.name} "
+                      f"({bundled.root}), made when it was installed: nothing to build", file=sys.stderr)
+                print(bundled.root)
+                return 0
+            print(f"llama-metaws: the installed package carries build {bundled.root.name}; these "
+                  "inputs (CMAKE_ARGS) make another, built into the cache and used from now on",
+                  file=sys.stderr)
         b = build.build(force=args.force)
         tools = None
         if args.tools:
@@ -23,11 +33,24 @@ def _cmd_build(args: argparse.Namespace) -> int:
     except build.BuildError as e:
         print(f"llama-metaws build: {e}", file=sys.stderr)
         return 1
+    except PermissionError as e:  # an installed package in a read-only site-packages
+        print(f"llama-metaws build: cannot write the run-time manifest ({e}): set "
+              f"{manifest.MANIFEST_ENV} to a writable file, here and where the package runs", file=sys.stderr)
+        return 1
     print(b.root)
     if args.tools:
         for path in (tools_build.find_tools() or {}).values():
             print(path)
     return 0
+
+
+def _bundled_build(build, manifest):
+    """The build ``pip install`` bundled into this installed package, while the manifest names it."""
+    try:
+        b = manifest.read_manifest()
+    except build.BuildError:
+        return None
+    return b if b.bundled else None
 
 
 def _print_devices() -> None:
@@ -200,8 +223,10 @@ def make_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="fetch, patch and build llama.cpp and the cffi shim (cached)",
                        description="Fetch the pinned llama-cpp-python sdist, apply patches/series, "
-                       "build with CMake (CMAKE_ARGS passed through) and the cffi shim. An unchanged "
-                       "set of inputs returns at once.")
+                       "build with CMake (CMAKE_ARGS passed through; the binding's -DLLAMA_BUILD and "
+                       "-DLLAVA_BUILD left out) and the cffi shim. An unchanged set of inputs returns at "
+                       "once; a package installed from the sdist carries the build pip made, and other "
+                       "CMAKE_ARGS build into the cache, used from then on.")
     b.add_argument("--force", action="store_true", help="rebuild even when the build is cached")
     b.add_argument("--tools", action="store_true",
                    help="also build llama.cpp's llama-speculative-simple, llama-bench, llama-server "

@@ -63,7 +63,6 @@ class _Refused(argparse.Action):
 REFUSED_SERVER_FLAGS = {
     ("--no-jinja",): "this server renders chat templates with Jinja only (the model's, or --chat-template's)",
     ("--props",): "POST /props changes nothing here: GET /props is always served",
-    ("--slot-save-path",): "slots cannot be saved or restored here",
     ("--lora", "--lora-scaled", "--control-vector"): "adapters are not supported by llama-metaws serve",
     ("--mmproj", "-mm"): "no multimodal projector: this server serves text models",
     ("--embedding", "--embeddings", "--reranking", "--rerank"): "this server generates text; it has no "
@@ -107,7 +106,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    type=draft_max_value, default=3,
                    help=f"tokens drafted per step at most (default 3); auto: chosen per step and slot, "
                         f"0 to {AUTO_DRAFT_MAX}, for the most tokens per second from each depth's "
-                        f"recent acceptance and the step costs measured as it runs")
+                        f"recent acceptance and the step costs (measured at load, or a curve saved by an "
+                        f"earlier run and checked, then as it runs)")
     p.add_argument("--draft-p-min", type=float, default=0.0)
     p.add_argument("--phase-aware-workspace", action="store_true",
                    help="share the target's and the draft's compute buffers (needs --spec-type draft-mtp)")
@@ -179,6 +179,12 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", metavar="JINJA_TEMPLATE",
                    help="the chat template: Jinja text, or chatml or llama3 (default: the model's)")
     p.add_argument("--chat-template-file", metavar="FILE", help="the chat template's Jinja text from a file")
+    p.add_argument("--slot-save-path", metavar="DIR",
+                   help="serve POST /slots/{id}?action=save|restore|erase, the files in DIR (the whole "
+                   "slot: the target's and the draft's sequences, the checkpoints)")
+    p.add_argument("--spm-infill", action="store_true",
+                   help="/infill: the suffix before the prefix (Suffix/Prefix/Middle), for models that "
+                   "were trained so")
     p.add_argument("--no-context-shift", action="store_true",
                    help="accepted: context shift is always off here (see --context-shift's error)")
     p.add_argument("--slots", dest="slots", action="store_true", default=True,

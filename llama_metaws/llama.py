@@ -13,8 +13,10 @@ New keyword arguments (llama.cpp's option names):
 
 - ``draft="mtp"`` drafts with the model's NextN layers (``None``, the default: no drafting);
   ``draft_max`` (3) tokens per step at most (``"auto"``: a length chosen per step and slot
-  for the most tokens per second, from each depth's recent acceptance and the step costs
-  measured as the engine runs, see :mod:`llama_metaws.engine.policy`),
+  for the most tokens per second, from each depth's recent acceptance and the step costs:
+  measured at load, or a curve saved by an earlier load and checked
+  (:mod:`llama_metaws.engine.prior`), then as the engine runs, see
+  :mod:`llama_metaws.engine.policy`),
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
   the binding's ``draft_model`` (prompt lookup, ...) drafts on the engine too;
 - ``devices=["CPU", "CUDA0", ...]``: device names as llama.cpp prints them; the same CPU device
@@ -41,6 +43,7 @@ import ctypes
 import os
 import random
 import threading
+import time
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
@@ -51,11 +54,12 @@ from .engine import checkpoints as _ckpt
 from .engine import contexts as _contexts
 from .engine import devices as _devices
 from .engine import rpc as _rpc
+from .engine import prior as _prior
 from .engine import sampling as _sampling
 from .engine.contexts import split_mode_value
 from .engine.core import Engine
 from .engine.drafting import AdaptiveLength
-from .engine.gguf_meta import check_complete, read_keys
+from .engine.gguf_meta import nextn_layers as _gguf_nextn_layers
 from .engine.request import DraftStats, Request, timings_of
 from .engine.samplers import SamplingParams
 from .engine.workspace import MODES as WORKSPACE_MODES
@@ -71,21 +75,6 @@ DRAFT_KINDS = ("mtp",)
 PROPOSER_MAX = 10
 #: a closed generator waits this long at most for its request to end (one engine step)
 CLOSE_WAIT_S = 60.0
-
-
-def _gguf_nextn_layers(path: str) -> tuple:
-    """(architecture, nextn_predict_layers) from the file's metadata, without loading it."""
-    try:
-        arch = read_keys(path, ["general.architecture"]).get("general.architecture")
-        if arch is None:
-            raise ValueError(f"{path} has no general.architecture: not a llama.cpp model")
-        n = read_keys(path, [f"{arch}.nextn_predict_layers"]).get(f"{arch}.nextn_predict_layers", 0)
-        check_complete(path)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        if "general.architecture" in str(e):
-            raise
-        raise ValueError(f"{path} is not a readable GGUF model (truncated?): {e}") from None
-    return arch, int(n)
 
 
 class DraftStatsReport:
@@ -161,7 +150,7 @@ class _SlotZero:
             slot.tokens[:n] = np.asarray(value[:n], dtype=np.intc)
 
 
-class Llama(llama_cpp.Llama):
+class Llama(_state.SlotFiles, llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` on the engine, with MTP drafting, named devices and the workspace.
 
     See the module docstring for the new keyword arguments; every other argument is
@@ -198,6 +187,7 @@ class Llama(llama_cpp.Llama):
         ctx_checkpoints_bytes: int = _ckpt.DEFAULT_CHECKPOINT_BYTES,
         **kwargs,
     ):
+        t_load = time.perf_counter()
         self._engine: Optional[Engine] = None
         self._draft_ctx = None
         self._workspace: Optional[Workspace] = None
@@ -312,6 +302,11 @@ class Llama(llama_cpp.Llama):
             self._engine.workspace = self._workspace
             self._stack.callback(self._workspace.close)  # before the engine stops (LIFO)
         self._rpc.check(self._ctx.ctx)  # the weights reached every server
+        if adaptive and draft == "mtp":  # the costs the policy starts from (engine.prior)
+            key = _prior.cost_key(model_path, _prior.cost_options(self.context_params, self.model_params), dict(
+                devices=list(devices or []), rpc=bool(self._rpc), tensor_split=list(tensor_split or []),
+                workspace=[phase_aware_workspace, workspace_mode]))
+            self._engine.calibrate(key, load_s=time.perf_counter() - t_load)
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")
@@ -543,10 +538,12 @@ class Llama(llama_cpp.Llama):
 
     def engine_stats(self) -> dict:
         """The engine's steps so far, the target's and the draft's graphs (ubatches) over them, the
-        most slots busy in one step and the busy slots summed over the steps."""
+        most slots busy in one step, the busy slots summed over the steps, and ``cost_prior``:
+        draft_max="auto"'s (else None, see :meth:`engine.prior.CostPrior.describe`)."""
         e = self._engine
         return {"steps": e.steps, "graphs_target": e.graphs_target, "graphs_draft": e.graphs_draft,
-                "slots": len(e.slots), "slots_busy_max": e.peak_busy, "busy_slot_steps": e.busy_slot_steps}
+                "slots": len(e.slots), "slots_busy_max": e.peak_busy, "busy_slot_steps": e.busy_slot_steps,
+                "cost_prior": e.prior.describe() if e.prior is not None else None}
 
     def draft_lengths(self) -> dict:
         """The draft lengths the engine's steps asked for since the model loaded (0: a plain

@@ -6,6 +6,23 @@ from llama_metaws.native.runtime import require_build
 require_build()  # no build for the current inputs: say so before anything imports llama_cpp
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cost_curves(tmp_path_factory):
+    """draft_max="auto" saves its measured cost curves (engine.prior): in a folder of the session's,
+    never the user's cache (the servers the tests start inherit it)."""
+    import os
+
+    from llama_metaws.engine.prior import COSTS_ENV
+
+    old = os.environ.get(COSTS_ENV)
+    os.environ[COSTS_ENV] = str(tmp_path_factory.mktemp("costs"))
+    yield
+    if old is None:
+        os.environ.pop(COSTS_ENV, None)
+    else:
+        os.environ[COSTS_ENV] = old
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("models")

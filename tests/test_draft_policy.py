@@ -83,6 +83,12 @@ def test_measured_costs_interpolate_and_extrapolate():
     assert costs.target(3) == pytest.approx(0.015) and costs.target(9) == pytest.approx(0.03)
     costs.target.add(1, 0.02)  # a moving average
     assert 0.01 < costs.target(1) < 0.02
+    # beyond the largest size, the slope over all of them: two neighbours timed in either order
+    # (a CPU's 7-token batch cheaper than its 6-token one) do not make longer batches look free
+    cpu = StepCosts(clock=lambda: 0.0)
+    for n, seconds in ((1, 0.010), (6, 0.060), (7, 0.055)):
+        cpu.target.add(n, seconds)
+    assert cpu.target(10) == pytest.approx(0.010 + 0.045 * 9 / 6) and cpu.target(10) > cpu.target(7)
 
 
 # --------------------------------------------------------------------------------------------

@@ -185,19 +185,27 @@ def test_adaptive_length_follows_acceptance():
 
 def test_draft_max_auto_keeps_the_output(half_path, models_dir):
     """Whatever lengths it chooses (tests/test_draft_policy.py: from acceptance and costs), the
-    output is the target's."""
+    output is the target's: with the costs it measured (on this CPU mostly plain steps), and with
+    costs where drafting pays (a GPU's: every depth that agrees drafts)."""
+    from llama_metaws.engine.policy import FixedCosts
+
+    gpu = FixedCosts(target=lambda n: 0.010 + 0.0002 * n, catch_up=lambda n: 0.0005, draft=lambda m: 0.0008)
     full = str(make_tiny_mtp_model(models_dir / "drafting-full.gguf", seed=31, agreement=1.0))
     for path in (full, half_path):
         with Llama(path, **KW) as plain:
             want = plain.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
-        with Llama(path, draft="mtp", draft_max="auto", **KW) as llm:
-            calls = _proposals(llm)
-            got = llm.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
-            assert got == want
-            asked = [n for n, _ in calls]
-            assert asked and llm.context_params.n_rs_seq >= max(asked) and max(asked) <= AdaptiveLength.CAP
-            t = llm.timings()
-            assert sum(t["draft_lengths"].values()) > 0 and 0.0 <= t["plain_steps_share"] <= 1.0
+        for costs in (None, gpu):
+            with Llama(path, draft="mtp", draft_max="auto", **KW) as llm:
+                if costs is not None:
+                    llm._engine.set_costs(costs)
+                calls = _proposals(llm)
+                got = llm.create_completion(LONG_PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
+                assert got == want
+                asked = [n for n, _ in calls]
+                assert bool(asked) or costs is None
+                assert not asked or (llm.context_params.n_rs_seq >= max(asked) and max(asked) <= AdaptiveLength.CAP)
+                t = llm.timings()
+                assert sum(t["draft_lengths"].values()) > 0 and 0.0 <= t["plain_steps_share"] <= 1.0
 
 
 def test_draft_max_auto_on_the_command_line():

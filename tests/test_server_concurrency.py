@@ -121,7 +121,8 @@ def test_cache_prompt_false_evaluates_the_whole_prompt(server, solo):
     # client's extra_body): a slot that holds the prompt reuses it unless told not to
     prompt, n = PROMPTS[2], MAX_TOKENS[2]
     body = {"prompt": prompt, "n_predict": n, "temperature": 0, "id_slot": 1}
-    first = server.json("POST", "/completion", body)[1]
+    # the first evaluates it whole whatever slot 1 held before (an earlier test may have left it there)
+    first = server.json("POST", "/completion", dict(body, cache_prompt=False))[1]
     again = server.json("POST", "/completion", body)[1]
     fresh = server.json("POST", "/completion", dict(body, cache_prompt=False))[1]
     assert first["content"] == again["content"] == fresh["content"] == solo[2]

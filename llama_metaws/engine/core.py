@@ -31,6 +31,7 @@ from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_EVERY, DE
                           CheckpointStore, PrefixReuse)
 from .drafting import AdaptiveLength, MTPHead
 from .policy import DraftPolicy, StepCosts
+from .prior import CostPrior, calibrate
 from .execute import DecodeError, Verdict, execute
 from .request import DraftStats, Output, Request
 from .samplers import SlotSampler
@@ -132,8 +133,8 @@ class Engine:
                 raise ValueError(f"draft_max={draft_max}: the verification batch must fit one target ubatch "
                                  f"(n_ubatch {self.n_ubatch})")
         self.head: Optional[MTPHead] = MTPHead(target, draft, p_min=p_min) if draft is not None else None
-        self.costs = StepCosts()              # what the engine's decodes cost (measured as it runs)
-        self.policy = DraftPolicy(self.costs)  # draft_max="auto": lengths from acceptance and costs
+        self.prior: Optional[CostPrior] = None  # draft_max="auto": the costs measured before any request
+        self.set_costs(StepCosts())  # what the engine's decodes cost (the prior, then measured as it runs)
         self.reuse = PrefixReuse(recurrent=self.recurrent, reach=self.n_rs_seq, checkpoint_every=checkpoint_every)
         self.slots: List[Slot] = [
             Slot(i, self.n_ctx_seq, self.n_embd, CheckpointStore(ctx_checkpoints, ctx_checkpoints_bytes, seq_id=i))
@@ -486,11 +487,24 @@ class Engine:
         slot.forget()
 
     def set_costs(self, costs: StepCosts) -> None:
-        """Another cost model (a test's, or one with its own clock) for draft_max="auto"."""
+        """Another cost model (a test's, or one with its own clock) for draft_max="auto", and a
+        policy that starts from it (the prior is dropped: :meth:`calibrate` measures one again)."""
         self.costs = costs
         self.policy = DraftPolicy(costs)
+        self.prior = None
         if self.head is not None:
             self.head.clock = costs.clock
+
+    def calibrate(self, key: Optional[dict] = None, load_s: Optional[float] = None) -> Optional[CostPrior]:
+        """draft_max="auto": the cost prior (:mod:`.prior`: measured on the engine's thread once no
+        slot is busy, or the curve saved under ``key``, checked), and the policy starts from it.
+        The slots' sequences are cleared (what they held is evaluated again). None without the
+        MTP head."""
+        if not self.adaptive or self.head is None:
+            return None
+        self.prior = self.exclusive(lambda: calibrate(self, key, load_s))
+        self.policy = DraftPolicy(self.costs)
+        return self.prior
 
     def graphs_of_draft(self, segments) -> int:
         """The graphs the MTP draft context computed catching up with a step of these segments

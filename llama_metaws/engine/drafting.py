@@ -19,7 +19,6 @@ slots) over the binding's low-level calls:
 
 from __future__ import annotations
 
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -27,7 +26,7 @@ import numpy as np
 from ..native.binding import llama_cpp, llama_ext
 from .batch import Batch
 from .limits import AUTO_DRAFT_MAX
-from .policy import acceptance_length
+from .policy import acceptance_length, engine_clock
 
 __all__ = ["AdaptiveLength", "MTPHead", "top_probability", "P_MIN_TOP_K"]
 
@@ -54,8 +53,10 @@ class AdaptiveLength:
 
     Trying is kept cheap where drafting does not pay, since a depth never verified keeps its
     estimate: until a draft was verified, and after a draft whose first token was rejected (a
-    *miss*), the next draft is a probe of one token; after a draft that kept ``a`` tokens the next
-    is at most ``2 a`` long (:attr:`limit`: the length grows by doubling, as far as the cap). Each
+    *miss*), the next draft is a probe of one token; after a draft that kept ``a`` tokens of more
+    the next is at most ``2 a`` long, and after one that kept every token twice the limit
+    (:attr:`limit`: the length grows by doubling, as far as the cap, even where the policy chose
+    a shorter draft than the limit allowed, a batch size cheaper than the next ones). Each
     miss in a row halves the drift (up to :attr:`BACKOFF` times), so the probes thin out while
     the head keeps disagreeing. A new request's estimates start from ``prior``'s (the engine
     passes the slot that verified a draft last): the same model pair tends to agree as often on
@@ -96,7 +97,10 @@ class AdaptiveLength:
             self.p[d] += self.RATE * (hit - self.p[d])
         if drafted:
             self.misses = self.misses + 1 if accepted == 0 else 0
-            self.limit = max(1, min(self.CAP, 2 * accepted))
+            # every token kept: twice the limit (the policy may have drafted less than it allowed,
+            # where that batch size was cheaper: the limit must not hold it there)
+            grown = max(accepted, self.limit) if accepted == drafted else accepted
+            self.limit = max(1, min(self.CAP, 2 * grown))
 
 
 class MTPHead:
@@ -129,7 +133,7 @@ class MTPHead:
         self.capacity = int(llama_cpp.llama_n_batch(dctx))
         self.batch = Batch(self.capacity, self.n_embd)
         self.zero = np.zeros(self.n_embd, dtype=np.float32)
-        self.clock = time.perf_counter  # the engine's cost model may give its own
+        self.clock = engine_clock  # the cost model's clock (Engine.set_costs)
         llama_ext.llama_set_embeddings_nextn(tctx, True, False)  # a hidden row for every token
         llama_ext.llama_set_embeddings_nextn(dctx, True, True)   # rows for output tokens only
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from typing import BinaryIO, Dict, Iterable
 
-__all__ = ["read_keys", "check_complete"]
+__all__ = ["read_keys", "check_complete", "nextn_layers"]
 
 # GGUF value types -> struct format of one scalar (8: string, 9: array)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -125,3 +125,18 @@ def read_keys(path: str, keys: Iterable[str]) -> Dict[str, object]:
             if key in wanted and value is not None:
                 found[key] = value
     return found
+
+
+def nextn_layers(path: str) -> tuple:
+    """(architecture, nextn_predict_layers) from the file's metadata, without loading it."""
+    try:
+        arch = read_keys(path, ["general.architecture"]).get("general.architecture")
+        if arch is None:
+            raise ValueError(f"{path} has no general.architecture: not a llama.cpp model")
+        n = read_keys(path, [f"{arch}.nextn_predict_layers"]).get(f"{arch}.nextn_predict_layers", 0)
+        check_complete(path)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        if "general.architecture" in str(e):
+            raise
+        raise ValueError(f"{path} is not a readable GGUF model (truncated?): {e}") from None
+    return arch, int(n)

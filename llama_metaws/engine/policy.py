@@ -10,13 +10,17 @@ shared: drafting for one slot makes every slot's step longer.
   the ``d``-th draft token is accepted once the ones before it were (a moving average of the
   verdicts, :class:`~.drafting.AdaptiveLength`). A draft of ``k`` tokens yields
   ``1 + p_1 + p_1 p_2 + ... + p_1 ... p_k`` tokens on average.
-- **What a step costs**: :class:`StepCosts` measures, as the engine runs, the time of a target
-  decode of ``n`` tokens, of the draft context's catch-up over those ``n`` tokens, and of one
-  draft decode over ``m`` slots (moving averages per size, interpolated between the sizes seen,
-  extrapolated linearly beyond them). The target's are timed on steps without prompt tokens
-  only, where every token is an output row: a prompt of 7 tokens has one, and computes a
-  seventh of the output head a verification of 6 drafts does (at Qwen's vocabulary, a third of
-  a decode's weights).
+- **What a step costs**: :class:`StepCosts` holds the time of a target decode of ``n`` tokens,
+  of the draft context's catch-up over those ``n`` tokens, and of one draft decode over ``m``
+  slots (moving averages per size, interpolated between the sizes seen, extrapolated linearly
+  beyond them). They start from a prior the engine measures at load (:mod:`.prior`: batches of
+  1 to ``cap + 1`` tokens, or a curve saved by an earlier run), and the engine goes on measuring
+  as it runs. The target's are timed on steps without prompt tokens only, where every token is
+  an output row: a prompt of 7 tokens has one, and computes a seventh of the output head a
+  verification of 6 drafts does (at Qwen's vocabulary, a third of a decode's weights). The
+  clock is the engine thread's own CPU time (:func:`engine_clock`), not the wall: the HTTP,
+  tokenizer and client threads sharing the cores stretch a step's wall time by about the same
+  amount whatever its size, which made a plain 1-token step look dearer, per token, than it is.
 - **The choice** (:meth:`DraftPolicy.choose`): starting from no draft anywhere, each slot in
   turn, those whose drafts yield most first, takes the length (0 to its cap) that gives the
   step the most expected tokens per second given the others' lengths, until none changes; a
@@ -43,9 +47,19 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["StepCosts", "FixedCosts", "DraftPolicy", "acceptance_length", "expected_tokens"]
+__all__ = ["StepCosts", "FixedCosts", "DraftPolicy", "acceptance_length", "expected_tokens", "engine_clock"]
+
+
+def engine_clock() -> float:
+    """The calling thread's CPU time in seconds (``time.thread_time``), the clock of the steps'
+    costs: the time the engine's thread computed (or spun waiting for a device, or for ggml's
+    worker threads), without the time other threads held the cores or the GIL. Read through the
+    ``time`` module at each call (a test's fake machine replaces it there). A device whose
+    synchronization sleeps instead of spinning would hide its time from this clock; give the
+    engine ``StepCosts(clock=time.perf_counter)`` there."""
+    return time.thread_time()
 
 
 def expected_tokens(p: Sequence[float], k: int) -> float:
@@ -58,8 +72,9 @@ def expected_tokens(p: Sequence[float], k: int) -> float:
 
 
 class _Curve:
-    """Seconds as a function of a size: moving averages per size seen, linear in between and
-    beyond (through the two nearest sizes; proportional to the size from a single one)."""
+    """Seconds as a function of a size: moving averages per size seen, linear in between (through
+    the two nearest sizes), and beyond (below the smallest: through the two smallest; above the
+    largest: through the smallest and the largest; proportional to the size from a single one)."""
 
     RATE = 0.2
 
@@ -75,6 +90,12 @@ class _Curve:
         else:
             bisect.insort(self.sizes, size)
             self.values[size] = seconds
+
+    def seed(self, values: Mapping[int, float]) -> None:
+        """Start from ``values`` (size -> seconds, a prior): they replace what the curve holds."""
+        self.sizes, self.values = [], {}
+        for size, seconds in values.items():
+            self.add(int(size), float(seconds))
 
     @property
     def known(self) -> bool:
@@ -100,15 +121,18 @@ class _Curve:
         if len(s) == 1:
             return self.values[s[0]] * size / s[0]
         i = bisect.bisect_left(s, size)
-        lo, hi = (s[0], s[1]) if i == 0 else (s[-2], s[-1]) if i >= len(s) else (s[i - 1], s[i])
+        # beyond the largest size: the slope over every size seen (two neighbours' timings can
+        # be in either order on a CPU, and a slope of nothing would make every batch look free)
+        lo, hi = (s[0], s[1]) if i == 0 else (s[0], s[-1]) if i >= len(s) else (s[i - 1], s[i])
         a, b = self.values[lo], self.values[hi]
         return max(0.0, a + (b - a) * (size - lo) / (hi - lo))
 
 
 class StepCosts:
-    """The costs the engine measures as it runs (see the module docstring); ``clock``: seconds."""
+    """The costs the engine measures as it runs (see the module docstring); ``clock``: seconds of
+    the engine thread's own time (:func:`engine_clock`)."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = engine_clock) -> None:
         self.clock = clock
         self.target = _Curve()    # target decode of n tokens, each an output row
         self.catch_up = _Curve()  # the draft context's catch-up over n tokens

@@ -97,15 +97,23 @@ def _stderr_progress(line: str) -> None:
 
 
 def source_root() -> Path:
-    """The checkout that holds ``patches/`` and ``native/`` (``LLAMA_METAWS_SOURCE_ROOT``)."""
+    """What holds ``patches/`` and ``native/``: ``LLAMA_METAWS_SOURCE_ROOT``, else the source
+    checkout (or unpacked sdist) this module lives in, else the installed package's ``_source/``
+    (the copy ``pip install`` puts there: :mod:`llama_metaws.native.package`)."""
     env = os.environ.get("LLAMA_METAWS_SOURCE_ROOT")
-    root = Path(env) if env else Path(__file__).resolve().parents[2]
-    if not (root / "patches" / "series").is_file():
-        raise BuildError(
-            f"no patches/series under {root}: llama-metaws builds from its source checkout "
-            "(install it with `pip install -e`), or set LLAMA_METAWS_SOURCE_ROOT"
-        )
-    return root
+    if env:
+        candidates = [Path(env)]
+    else:
+        here = Path(__file__).resolve()
+        candidates = [here.parents[2], here.parents[1] / "_source"]
+    for root in candidates:
+        if (root / "patches" / "series").is_file():
+            return root
+    raise BuildError(
+        f"no patches/series under {' or '.join(str(c) for c in candidates)}: llama-metaws builds "
+        "from its source checkout (`pip install -e .`) or from its sdist (`pip install "
+        "llama_metaws-*.tar.gz`), or set LLAMA_METAWS_SOURCE_ROOT"
+    )
 
 
 def cache_root() -> Path:
@@ -134,6 +142,18 @@ def read_series(patches_dir: Path) -> List[Path]:
             raise BuildError(f"patch step: {series} names {name}, which does not exist")
         out.append(path)
     return out
+
+
+#: The binding's own CMake options (its CMakeLists.txt): ``-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF``
+#: in ``CMAKE_ARGS`` skip its native build when pip builds it in the same command as us. They
+#: mean nothing to llama.cpp, so they are left out of our build and its key.
+BINDING_ONLY_CMAKE_OPTIONS = ("LLAMA_BUILD", "LLAVA_BUILD")
+
+
+def own_cmake_args(text: str) -> List[str]:
+    """``CMAKE_ARGS`` as our build takes it: split like a shell, the binding's options left out."""
+    pat = re.compile(r"-D(%s)(:[A-Za-z]+)?=" % "|".join(BINDING_ONLY_CMAKE_OPTIONS))
+    return [arg for arg in shlex.split(text) if not pat.match(arg)]
 
 
 def compiler_identity() -> str:
@@ -186,7 +206,7 @@ class BuildInputs:
     ) -> "BuildInputs":
         patches_dir = patches_dir or source_root() / "patches"
         if cmake_args is None:
-            cmake_args = shlex.split(os.environ.get("CMAKE_ARGS", ""))
+            cmake_args = own_cmake_args(os.environ.get("CMAKE_ARGS", ""))
         patches = tuple((p.name, _sha256_bytes(p.read_bytes())) for p in read_series(patches_dir))
         source = ""
         pre = patched_source_dir()
@@ -279,6 +299,9 @@ class Build:
 
     root: Path
     shim: Optional[Path] = None
+    # inside an installed package (``llama_metaws/_native``): libraries without their soname
+    # symlinks, loaded by path first (``package.preload``)
+    bundled: bool = False
 
     @property
     def shim_path(self) -> Optional[Path]:
@@ -394,10 +417,12 @@ def apply_patches(src: Path, patches: Iterable[Path], progress: Progress) -> Non
     env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(src.parent))
     for patch in patches:
         progress(f"  applying {patch.name}")
-        res = subprocess.run(
-            ["git", "apply", "--whitespace=nowarn", str(patch)],
-            cwd=src, capture_output=True, text=True, env=env,
-        )
+        try:
+            res = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch)],
+                                 cwd=src, capture_output=True, text=True, env=env)
+        except FileNotFoundError:
+            raise BuildError("patch step: git not found (the patches are applied with `git apply`): "
+                             "install git") from None
         if res.returncode != 0:
             raise BuildError(f"patch step: {patch.name} does not apply:\n{res.stderr.strip()}")
 

@@ -85,10 +85,14 @@ def read_manifest(path: Optional[Path] = None) -> _build.Build:
                          f"checkout's: {run}")
     if doc.get("native") != now["native"]:
         raise _build.BuildError(f"the cffi shim in {path} was built from other native/ sources: {run}")
-    root = Path(doc["build"])
+    # a bundled build (the installed package's, ``package.write_bundled_manifest``) is named
+    # relative to the manifest's folder
+    root = path.parent / doc["build"]
     if not (root / "build.json").is_file():
         raise _build.BuildError(f"the build {root} named in {path} no longer exists: {run}")
-    shim = Path(doc["shim"]) if doc.get("shim") else None
+    shim = path.parent / doc["shim"] if doc.get("shim") else None
     if shim is None or not shim.is_file():
         raise _build.BuildError(f"the cffi shim named in {path} no longer exists: {run}")
-    return _build.Build(root, shim)
+    if not Path(doc["build"]).is_absolute():
+        root, shim = root.resolve(), shim.resolve()
+    return _build.Build(root, shim, bundled=bool(doc.get("bundled")))

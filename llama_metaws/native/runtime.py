@@ -84,6 +84,10 @@ def prepare() -> None:
             f"llama_cpp was imported before llama_metaws and loaded its libraries from {loaded}; "
             f"import llama_metaws first so the binding uses the patched build in {lib_dir}"
         )
+    if b.bundled:  # the installed package's build: its sonames are found among loaded objects
+        from . import package as _package
+
+        _package.preload(b.lib_dir)
     current = os.environ.get("LLAMA_CPP_LIB_PATH")
     if current and Path(current).resolve() != b.lib_dir.resolve():
         warnings.warn(

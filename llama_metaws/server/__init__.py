@@ -1,16 +1,19 @@
-"""``llama-metaws serve``: OpenAI's API and llama-server's own on the patched ``Llama``.
+"""``llama-metaws serve``: OpenAI's API (chat, completions, Responses), Anthropic's Messages API
+and llama-server's own on the patched ``Llama``.
 
 llama-cpp-python's request types and ``Llama.create_completion`` / ``create_chat_completion``
 (the chat template, stop strings, seeds, logprobs, grammars) do the work; the serving around
-them is ours: the request layer (:mod:`.requests`, :mod:`.openai_api`, :mod:`.llama_api`,
-:mod:`.chat`, :mod:`.app`) checks, tokenizes and shapes, off the model's thread, and talks to the
-model only through ``Llama``'s public calls and to the worker (:mod:`.worker`) through a small
-interface (its module docstring), so the scheduler under it can change. One thread owns the model
-and runs one request at a time, a dropped or interrupted stream frees it after its next token, a
-request that waits while ``--queue-size`` others wait already gets a 503, bad requests get a 4xx
-in their API's error shape, every response carries llama-server's ``timings`` (draft counts
-included) and ``--metrics`` serves ``GET /metrics``. SIGTERM and SIGINT cancel the request in
-flight and stop the server within seconds.
+them is ours. :mod:`.app` puts the route groups (:mod:`.routes`) on a :class:`.serving.Serving`;
+the request layer (:mod:`.requests`, :mod:`.openai_api`, :mod:`.responses_api`,
+:mod:`.anthropic_api`, :mod:`.llama_api`, :mod:`.infill`, :mod:`.chat`) checks, tokenizes and
+shapes, off the model's thread, and talks to the model only through ``Llama``'s public calls and
+to the worker (:mod:`.worker`) through a small interface (its module docstring). The worker runs
+``-np`` requests at once on the engine (one runner thread each), the rest wait; a dropped or
+interrupted stream frees its slot after its next token, a request beyond ``--queue-size``
+waiting ones gets a 503, bad requests get a 4xx in their API's error shape, every response
+carries llama-server's ``timings`` (draft counts included) and ``--metrics`` serves
+``GET /metrics``. SIGTERM and SIGINT cancel the requests in flight and stop the server within
+seconds.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.queue_size < 0:
         print(f"llama-metaws serve: --queue-size must be >= 0, got {args.queue_size}", file=sys.stderr)
         return 2
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        print(f"llama-metaws serve: --slot-save-path {args.slot_save_path}: not a directory", file=sys.stderr)
+        return 2
     try:
         llm = ServedLlama(args.model, **llama_kwargs(args))
     except ValueError as e:
@@ -86,12 +92,12 @@ def serve(args: argparse.Namespace) -> int:
 
     model = ModelAccess(llm, template, alias=Path(args.model).name, aliases=names(args.alias),
                         tags=names(args.tags), temperature=args.temp, n_predict=args.n_predict, seed=args.seed,
-                        verbose=args.verbose)
+                        verbose=args.verbose, spm_infill=args.spm_infill)
     alias = model.alias
     worker = ModelWorker(llm, queue_size=args.queue_size)
     app = create_app(worker, model, api_key=args.api_key, metrics=args.metrics, slots=args.slots,
                      max_body_size=args.max_body_size, model_path=args.model,
-                     build_info=f"llama-metaws {system_fingerprint()}",
+                     build_info=f"llama-metaws {system_fingerprint()}", slot_save_path=args.slot_save_path,
                      cors=dict(origins=args.cors_origins, methods=args.cors_methods, headers=args.cors_headers,
                                credentials=args.cors_credentials))
 

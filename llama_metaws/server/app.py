@@ -104,11 +104,13 @@ def _dialects(groups_routes):
 
 def create_app(worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: Optional[str] = None,
                metrics: bool = False, slots: bool = True, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
-               model_path: str = "", build_info: str = "", cors: Optional[dict] = None) -> Starlette:
+               model_path: str = "", build_info: str = "", slot_save_path: Optional[str] = None,
+               cors: Optional[dict] = None) -> Starlette:
     """The app; ``model``: the request layer's door to the model (and the served name); ``cors``:
-    :class:`CORS`'s options (llama-server's defaults when None)."""
+    :class:`CORS`'s options (llama-server's defaults when None); ``slot_save_path``:
+    ``--slot-save-path``."""
     serving = Serving(worker, model, api_key=api_key, metrics=metrics, slots=slots, max_body_size=max_body_size,
-                      model_path=model_path, build_info=build_info)
+                      model_path=model_path, build_info=build_info, slot_save_path=slot_save_path)
     groups = [(group.DIALECT, group.routes(serving)) for group in GROUPS]
     dialect_of = _dialects(groups)
 

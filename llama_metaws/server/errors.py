@@ -1,11 +1,12 @@
-"""Errors as answers, in the two shapes clients expect.
+"""Errors as answers, in the three shapes clients expect.
 
 OpenAI's routes (``/v1/...``) answer ``{"error": {"message", "type", "param", "code"}}`` with a
 string ``code``; llama-server's own routes (``/completion``, ``/tokenize``, ``/props``, ...)
 answer its shape, ``{"error": {"code": <HTTP status>, "message", "type"}}`` with its types
 (``invalid_request_error``, ``authentication_error``, ``not_found_error``, ``server_error``,
-``not_supported_error``, ``unavailable_error``, ``exceed_context_size_error``). A prompt too
-long for the context is llama-server's ``exceed_context_size_error`` with ``n_prompt_tokens`` and
+``not_supported_error``, ``unavailable_error``, ``exceed_context_size_error``); Anthropic's
+``/v1/messages`` answers ``{"type": "error", "error": {"type", "message"}}``. A prompt too long
+for the context is llama-server's ``exceed_context_size_error`` with ``n_prompt_tokens`` and
 ``n_ctx`` on OpenAI's routes too (as llama-server answers them there), its ``code`` OpenAI's
 ``context_length_exceeded``.
 """
@@ -20,6 +21,12 @@ from ..errors import GrammarError, SamplingError
 
 OPENAI = "openai"
 LLAMA = "llama"
+ANTHROPIC = "anthropic"
+
+# Anthropic's error type for each status (its API's errors page); others: api_error
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    503: "overloaded_error"}
 
 # llama-server's error type for each status (server-common.cpp, format_error_response)
 _LLAMA_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -43,6 +50,9 @@ class RequestError(Exception):
         self.extra = extra or {}  # llama-server's extra fields (n_prompt_tokens, n_ctx)
 
     def body(self, dialect: str = OPENAI) -> dict:
+        if dialect == ANTHROPIC:
+            kind = _ANTHROPIC_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         if dialect == LLAMA:
             if self.code == "context_length_exceeded":
                 kind = "exceed_context_size_error"

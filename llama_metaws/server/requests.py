@@ -92,14 +92,15 @@ def _check_unicode(body) -> None:
 
 class ModelAccess:
     """The request layer's door to the model (see the module docstring), and the server's defaults
-    (``--temp``, ``-n``, ``-s``) and names (``-a``: ``aliases``, the first in sorted order the
-    ``alias`` answers carry; ``--tags``)."""
+    (``--temp``, ``-n``, ``-s``, ``--spm-infill``) and names (``-a``: ``aliases``, the first in
+    sorted order the ``alias`` answers carry; ``--tags``)."""
 
     def __init__(self, llm, chat_template: Optional[ChatTemplate] = None, *, alias: str = "model",
                  temperature: Optional[float] = None, n_predict: Optional[int] = None,
                  aliases: Optional[List[str]] = None, tags: Optional[List[str]] = None, seed: int = -1,
-                 verbose: bool = False):
+                 verbose: bool = False, spm_infill: bool = False):
         self.llm = llm
+        self.spm_infill = spm_infill  # --spm-infill: /infill's suffix before its prefix
         self.chat = chat_template
         self.aliases = sorted(set(aliases)) if aliases else [alias]
         self.alias = self.aliases[0]
@@ -110,6 +111,7 @@ class ModelAccess:
         self.n_predict = n_predict
         # the context one sequence (one slot) has: all of it with -kvu (or one slot), else its share
         self.n_ctx = int(llm.n_ctx_slot())
+        self.n_batch = int(llm.n_batch)
         self.n_slots = len(llm.slots())
         self.n_vocab = int(llm.n_vocab())
         # the tokens a string prompt gets around it (BOS, EOS) when the binding completes it

@@ -81,8 +81,9 @@ class Serving:
 
     def __init__(self, worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: Optional[str] = None,
                  metrics: bool = False, slots: bool = True, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
-                 model_path: str = "", build_info: str = "") -> None:
+                 model_path: str = "", build_info: str = "", slot_save_path: Optional[str] = None) -> None:
         self.worker, self.model = worker, model
+        self.slot_save_path = slot_save_path  # --slot-save-path: POST /slots/{id} saves and restores there
         self.metrics, self.slots, self.max_body_size = metrics, slots, max_body_size
         self.model_path, self.build_info = model_path, build_info
         self.created = int(time.time())
@@ -143,21 +144,27 @@ class Serving:
                     raise RequestError(499, "the client closed the request", code="cancelled") from None
 
     async def _events(self, job: Job, first, plan, responder):
+        """The stream: each event a responder gives is a ``data:`` line of JSON, or (a string) an
+        SSE block as it is (``event:`` and ``data:`` lines, for the APIs whose events are typed)."""
+        def sse(event) -> str:
+            return event if isinstance(event, str) else f"data: {dumps(event)}\n\n"
+
         try:
             for event in responder.first(job):
-                yield f"data: {dumps(event)}\n\n"
+                yield sse(event)
             kind, value = first
             while True:
                 if kind == "chunk":
                     for event in responder.events(value, job):
-                        yield f"data: {dumps(event)}\n\n"
+                        yield sse(event)
                 elif kind == "done":
                     for line in responder.end():
                         yield line
                     return
                 else:
                     error = from_model_error(value, plan.prompt_param, plan.grammar_param)
-                    yield f"data: {dumps(error.body(responder.dialect))}\n\n"
+                    on_error = getattr(responder, "error_event", None)
+                    yield on_error(error) if on_error is not None else sse(error.body(responder.dialect))
                     return
                 kind, value = await job.items.get()
         finally:

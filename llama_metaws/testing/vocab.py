@@ -21,13 +21,17 @@ two add BOS to a prompt, as a llama model's SentencePiece vocabulary does (the o
 nothing). ``words``: also each word's prefixes as SentencePiece pieces (``▁w``, ``▁wo``, ...,
 ``▁word``, each scoring its length so the longest wins), so those words tokenize as one token each,
 as a trained vocabulary tokenizes common words.
+
+``"fim"``: ``"chars"`` (no BOS, no byte tokens but the newline) with the same FIM tokens and no
+space put before a text, so that a piece of code tokenizes as it is, as a coder's BPE does: a
+small model whose ``/infill`` prompts read back as their layout.
 """
 
 from __future__ import annotations
 
 from typing import List, Tuple
 
-VOCABS = ("test", "chars", "chars-bytes", "chars-fim")
+VOCABS = ("test", "chars", "chars-bytes", "chars-fim", "fim")
 
 CHATML_TOKENS = ["<|im_start|>", "<|im_end|>"]
 # FIM token -> its GGUF key (tokenizer.ggml.fim_KEY_token_id)
@@ -54,8 +58,9 @@ def chars_vocab(n_vocab: int, kind: str = "chars", words=()) -> Tuple[List[str],
 
     T = gguf.TokenType
     printable = ["\u2581" if c == " " else c for c in map(chr, range(32, 127))]
-    byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if kind != "chars" else ["<0x0A>"]
-    specials = CHATML_TOKENS + (list(FIM_TOKENS) if kind == "chars-fim" else []) if kind != "chars" else []
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if kind in ("chars-bytes", "chars-fim") else ["<0x0A>"]
+    specials = {"chars": [], "fim": list(FIM_TOKENS), "chars-bytes": CHATML_TOKENS,
+                "chars-fim": CHATML_TOKENS + list(FIM_TOKENS)}[kind]
     # single characters score below longer pieces, so SentencePiece merges into the pieces
     rows = ([("<unk>", 0.0, T.UNKNOWN), ("<s>", 0.0, T.CONTROL)]
             + [(c, -1.0, T.NORMAL) for c in printable] + [(b, -1.0, T.BYTE) for b in byte_tokens]
@@ -89,9 +94,11 @@ def write_vocab(writer, kind: str, n_vocab: int, eos: int, words=()) -> None:
         writer.add_token_types(types)
         writer.add_bos_token_id(1)
         writer.add_unk_token_id(0)
-        if kind == "chars-fim":
+        if kind in ("chars-fim", "fim"):
             for text, key in FIM_TOKENS.items():
                 writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", texts.index(text))
+        if kind == "fim":
+            writer.add_add_space_prefix(False)  # a piece of code tokenizes as it is, as a coder's BPE does
     writer.add_add_bos_token(kind in ("chars-bytes", "chars-fim"))
     writer.add_add_eos_token(False)
     writer.add_eos_token_id(eos)  # so chat completions have an end-of-generation token

@@ -10,7 +10,8 @@ default, well under the 64 MiB a device machine takes) holding:
   ``LLAMA_METAWS_LLAMA_SOURCE`` at it, so the build never fetches the sdist;
 - ``wheels/``: CPython 3.12 manylinux x86_64 wheels of everything llama-metaws needs (the
   binding built as a wheel without its native build, cffi, gguf, numpy, setuptools for cffi's
-  compiler, pytest, nvidia-ml-py, and their own needs) and llama-metaws itself;
+  compiler, pytest, nvidia-ml-py, and their own needs) and llama-metaws itself (its wheel made
+  from its sdist as pip makes it, without the native build: :func:`own_wheel`);
 - ``repo/``: this checkout's ``patches/``, ``native/``, ``tests/``, ``bench/`` and package,
   the source root of the build (``LLAMA_METAWS_SOURCE_ROOT``) and of the tests;
 - ``models/``: the tiny agreement MTP model that ``vram`` and ``repro`` run on
@@ -171,11 +172,22 @@ def binding_wheel(progress: Progress = _stderr) -> Path:
 
 
 def own_wheel(dest: Path) -> Path:
-    """llama-metaws itself, as a wheel of this checkout."""
+    """llama-metaws itself, made as pip makes it for a user: the sdist of this checkout
+    (``python -m build --sdist``), then its wheel (``pip wheel`` of the sdist), with
+    ``LLAMA_METAWS_BUILD_AT_INSTALL=0``: a pure wheel carrying the patches and the shim's sources
+    and no native build, since the device builds for CUDA from the kit's pre-patched tree
+    (``llama_metaws.native.package``)."""
     with tempfile.TemporaryDirectory() as tmp:
-        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp, str(_build.source_root())],
-             "llama-metaws's wheel")
+        _run([sys.executable, "-m", "build", "--sdist", "--outdir", tmp, str(_build.source_root())],
+             "llama-metaws's sdist")
+        (sdist,) = Path(tmp).glob("llama_metaws-*.tar.gz")
+        env = dict(os.environ, LLAMA_METAWS_BUILD_AT_INSTALL="0")
+        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp, str(sdist)],
+             "llama-metaws's wheel", env=env)
         (whl,) = Path(tmp).glob("llama_metaws-*.whl")
+        if not whl.name.endswith("-py3-none-any.whl"):
+            raise KitError(f"llama-metaws's wheel {whl.name} is not pure: it would not install on "
+                           "the device's CPython")
         shutil.copy2(whl, dest / whl.name)
         return dest / whl.name
 

@@ -1,7 +1,8 @@
-"""The server's routes, one module per API: :mod:`.openai` (OpenAI's) and :mod:`.llama`
-(llama-server's own). Each module's ``routes(serving)`` gives its Starlette routes on a
-:class:`~..serving.Serving`; ``DIALECT`` says in whose shape its errors are answered."""
+"""The server's routes, one module per API: :mod:`.openai` (OpenAI's chat and completions),
+:mod:`.responses` (OpenAI's Responses API), :mod:`.anthropic` (Anthropic's Messages API) and
+:mod:`.llama` (llama-server's own). Each module's ``routes(serving)`` gives its Starlette routes
+on a :class:`~..serving.Serving`; ``DIALECT`` says in whose shape its errors are answered."""
 
-from . import llama, openai
+from . import anthropic, llama, openai, responses
 
-GROUPS = (openai, llama)
+GROUPS = (openai, responses, anthropic, llama)

@@ -1,17 +1,21 @@
 """llama-server's own routes (:mod:`..llama_api` answers them): ``POST /completion`` (and
 ``/completions``, as llama-server routes it), ``/tokenize``, ``/detokenize``,
-``/apply-template``, ``GET /props``, ``GET /slots`` and ``POST /slots/{id}``, ``GET /health``
-(also ``/v1/health``), ``GET /metrics`` (with ``--metrics``)."""
+``/apply-template``, ``/infill`` (:mod:`..infill`), ``GET /props``, ``GET /slots`` and
+``POST /slots/{id}`` (:mod:`..slot_actions`), ``GET /health`` (also ``/v1/health``),
+``GET /metrics`` (with ``--metrics``)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import List
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from .. import infill as _infill
 from .. import llama_api
+from .. import slot_actions as _slot_actions
 from .. import metrics as _metrics
 from ..errors import LLAMA, RequestError, unavailable
 from ..serving import JSON, Serving
@@ -22,12 +26,15 @@ DIALECT = LLAMA
 def routes(serving: Serving) -> List[Route]:
     worker, model = serving.worker, serving.model
 
-    async def completion(request: Request):
-        plan, options = await serving.check(llama_api.completion, await serving.body_of(request), model)
+    async def completion(request: Request, check=llama_api.completion):
+        plan, options = await serving.check(check, await serving.body_of(request), model)
         responder = llama_api.Responder(plan, options, model)
         if options.n_predict_zero:
             return JSON(responder.zero())
         return await serving.run(request, plan, responder)
+
+    async def infill(request: Request):
+        return await completion(request, _infill.infill)
 
     def checked(fn):
         """A route answered by ``fn(body, model)``, run off the event loop."""
@@ -58,8 +65,11 @@ def routes(serving: Serving) -> List[Route]:
 
     async def slot_action(request: Request):
         serving.authorize(request)
-        raise RequestError(501, "This server does not support slots action (it has no --slot-save-path)",
-                           type="not_supported_error", code="slot_actions_unsupported")
+        wants_file = serving.slot_save_path and request.query_params.get("action") in ("save", "restore")
+        body = await serving.body_of(request) if wants_file else {}  # erase takes no body
+        return JSON(await asyncio.to_thread(_slot_actions.slot_action, worker.llm, serving.slot_save_path,
+                                            request.path_params["id_slot"], request.query_params.get("action"),
+                                            body))
 
     async def metrics(request: Request):
         serving.authorize(request)
@@ -74,6 +84,7 @@ def routes(serving: Serving) -> List[Route]:
     return [
         Route("/completion", completion, methods=["POST"]),
         Route("/completions", completion, methods=["POST"]),
+        Route("/infill", infill, methods=["POST"]),
         Route("/tokenize", checked(llama_api.tokenize), methods=["POST"]),
         Route("/detokenize", checked(llama_api.detokenize), methods=["POST"]),
         Route("/apply-template", checked(llama_api.apply_template), methods=["POST"]),

@@ -1,0 +1,203 @@
+"""``draft_max="auto"`` from the first request: the cost prior measured at load
+(``llama_metaws.engine.prior``), the curve saved for the next load and measured again when it
+drifts, and costs that are the engine thread's own time, so contention from other threads does
+not make drafting look cheaper.
+
+Every decode runs for real on a tiny model; a fake machine makes it cost what a CPU or a GPU
+would, on the engine thread's own clock (``time.thread_time``, which ``engine_clock`` reads) and on
+the wall, where other threads' work can be added to every step.
+"""
+
+import json
+import time
+
+import pytest
+
+import llama_metaws  # noqa: F401  (the patched build first)
+import llama_cpp
+
+from llama_metaws import Llama
+from llama_metaws.engine import prior as prior_mod
+from llama_metaws.engine.drafting import AdaptiveLength
+from llama_metaws.engine.policy import DraftPolicy, FixedCosts, StepCosts, engine_clock
+from llama_metaws.testing import make_tiny_mtp_model
+
+KW = dict(n_ctx=512, n_batch=64, n_ubatch=64, verbose=False)
+PROMPT = "the quick brown fox jumps over the lazy dog " * 4
+CAP = AdaptiveLength.CAP
+
+# seconds: a target decode of n tokens, the draft context's catch-up over n tokens, one draft
+# decode over m slots. A CPU: each token costs, compute-bound. A GPU: verifying k + 1 tokens
+# costs about one decode.
+CPU = dict(target=lambda n: 0.010 * n, catch_up=lambda n: 0.001 * n, draft=lambda m: 0.004 * m)
+GPU = dict(target=lambda n: 0.010 + 0.0002 * n, catch_up=lambda n: 0.0005, draft=lambda m: 0.0008)
+
+
+class FakeMachine:
+    """Decodes cost what ``model`` says, times ``speed``, on the engine thread's own clock
+    (``own``) and on the wall; ``contention`` seconds of other threads' work are added to the
+    wall of every target decode (one a step), not to the engine's own time."""
+
+    def __init__(self, model, contention=0.0):
+        self.model, self.contention, self.speed = model, contention, 1.0
+        self.own_now = self.wall_now = 0.0
+        self.decodes = 0
+        self.installed = False
+
+    def own(self):
+        return self.own_now
+
+    def wall(self):
+        return self.wall_now
+
+    def install(self, monkeypatch):
+        if self.installed:
+            return
+        self.installed = True
+        real = llama_cpp.llama_decode
+
+        def decode(ctx, batch):
+            rc = real(ctx, batch)
+            n = batch.n_tokens
+            outputs = sum(1 for i in range(n) if batch.logits[i])
+            if not batch.embd:  # the target's batch: tokens only (the draft context's carry hidden rows)
+                cost, extra = self.model["target"](n), self.contention
+            elif outputs:  # a draft decode (the head's rows asked for)
+                cost, extra = self.model["draft"](n), 0.0
+            else:  # the draft context's catch-up
+                cost, extra = self.model["catch_up"](n), 0.0
+            self.own_now += cost * self.speed
+            self.wall_now += cost * self.speed + extra
+            self.decodes += 1
+            return rc
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", decode)
+        monkeypatch.setattr(time, "thread_time", self.own)  # engine_clock reads it
+
+
+@pytest.fixture(scope="module")
+def full_path(models_dir):
+    return str(make_tiny_mtp_model(models_dir / "prior-full.gguf", seed=31, agreement=1.0))
+
+
+@pytest.fixture
+def costs_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv(prior_mod.COSTS_ENV, str(tmp_path / "costs"))
+    return tmp_path / "costs"
+
+
+def _auto(path, machine, monkeypatch):
+    machine.install(monkeypatch)
+    return Llama(path, draft="mtp", draft_max="auto", **KW)
+
+
+def _lengths(llm, prompt=PROMPT, n=40):
+    llm.create_completion(prompt, max_tokens=n, temperature=0.0)
+    return llm.timings()["draft_lengths"]
+
+
+def test_the_engine_clock_is_the_threads_own_time(monkeypatch):
+    monkeypatch.setattr(time, "thread_time", lambda: 42.5)
+    assert engine_clock() == 42.5
+    assert StepCosts().clock is engine_clock
+
+
+def test_the_prior_is_measured_at_load_and_the_first_request_starts_from_it(full_path, costs_folder, monkeypatch):
+    machine = FakeMachine(CPU)
+    with _auto(full_path, machine, monkeypatch) as llm:
+        p = llm.engine_stats()["cost_prior"]
+        assert llm._engine.head.clock is llm._engine.costs.clock is engine_clock
+        first = _lengths(llm)
+    assert p["source"] == "measured" and p["rounds"] >= 1 and p["path"].startswith(str(costs_folder))
+    # every target batch of 1 to cap + 1 tokens, its catch-up, a draft decode over one slot
+    assert p["target_ms"] == pytest.approx({n: 10.0 * n for n in range(1, CAP + 2)})
+    assert p["catch_up_ms"] == pytest.approx({n: 1.0 * n for n in range(1, CAP + 2)})
+    assert p["draft_ms"] == pytest.approx({1: 4.0})
+    assert p["seconds"] > 0 and p["load_s"] > 0 and p["share_of_load"] == pytest.approx(p["wall_s"] / p["load_s"], rel=1e-3)
+    # a CPU: drafting never pays, and the first request knows it from its first step
+    assert first == {0: 40}, first
+    # without the prior (the engine learning its costs as it runs) the first request drafts
+    with _auto(full_path, machine, monkeypatch) as llm:
+        llm._engine.set_costs(StepCosts())
+        assert llm.engine_stats()["cost_prior"] is None
+        learnt = _lengths(llm)
+    assert sum(v for k, v in learnt.items() if k) >= 1, learnt
+
+
+def test_a_saved_curve_replaces_the_measurement_and_is_measured_again_once_it_drifts(full_path, costs_folder,
+                                                                                   monkeypatch):
+    machine = FakeMachine(CPU)
+    seen = []
+    for speed in (1.0, 1.0, 1.1, 2.0, 2.0):
+        machine.speed = speed
+        with _auto(full_path, machine, monkeypatch) as llm:
+            p = llm.engine_stats()["cost_prior"]
+        seen.append((p["source"], p["target_ms"][1], p["seconds"] / speed, p["check"]))
+    (s0, t0, d0, _), (s1, t1, d1, c1), (s2, t2, _, c2), (s3, t3, d3, _), (s4, t4, _, _) = seen
+    assert s0 == "measured" and s1 == "cache" and t1 == t0
+    assert c1["target"] == {1: pytest.approx(1.0), 2: pytest.approx(1.0)} and c1["draft"] == {1: pytest.approx(1.0)}
+    assert d1 < d0 / 4, (d0, d1)  # the check: a few small decodes, not the whole curve
+    assert s2 == "cache" and c2["target"][1] == pytest.approx(1.1)  # within DRIFT: kept
+    assert s3 == "re-measured" and t3 == pytest.approx(2 * t0) and d3 == pytest.approx(d0 + d1)  # checked, then measured
+    assert s4 == "cache" and t4 == t3  # and saved
+    saved = list(costs_folder.glob("*.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["target"]["1"] == pytest.approx(0.020)
+    # another option of the context (threads) is another curve
+    with Llama(full_path, draft="mtp", draft_max="auto", n_threads=2, **KW) as llm:
+        assert llm.engine_stats()["cost_prior"]["source"] == "measured"
+    assert len(list(costs_folder.glob("*.json"))) == 2
+
+
+def test_without_a_cache_folder_every_load_measures(full_path, monkeypatch):
+    monkeypatch.setenv(prior_mod.COSTS_ENV, "off")
+    machine = FakeMachine(CPU)
+    for _ in range(2):
+        with _auto(full_path, machine, monkeypatch) as llm:
+            p = llm.engine_stats()["cost_prior"]
+        assert p["source"] == "measured" and p["path"] is None
+
+
+def test_more_rounds_only_within_the_budget(full_path, costs_folder, monkeypatch):
+    machine = FakeMachine(CPU)
+    with _auto(full_path, machine, monkeypatch) as llm:
+        e = llm._engine
+        assert e.calibrate(None, load_s=None).rounds == 1  # no load time known: no budget past one round
+        before = machine.decodes
+        assert e.calibrate(None, load_s=1e9).rounds == prior_mod.REPS
+        per_round = (machine.decodes - before - 3) // prior_mod.REPS  # less the untimed warm-up
+        assert per_round == 2 * (CAP + 1) + 1  # each target size and its catch-up, one draft decode
+        assert e.prior.path is None  # no key: nothing saved
+
+
+def test_contention_on_every_step_does_not_make_drafting_look_cheaper(full_path, costs_folder, monkeypatch):
+    # other threads' work (the HTTP thread, a tokenizer, the clients) stretches the wall time of
+    # every step by the same 30 ms: on the wall a plain step then costs 4x its compute and a
+    # 7-token batch 1.4x, and drafting looks as if it paid. The engine's own time does not see it.
+    machine = FakeMachine(CPU, contention=0.030)
+    with _auto(full_path, machine, monkeypatch) as llm:
+        own = [_lengths(llm, PROMPT + s) for s in ("", "!")]
+        # the same machine timed on the wall (what the engine did before): drafting chosen
+        llm._engine.set_costs(StepCosts(clock=machine.wall))
+        llm._engine.calibrate()
+        wall = _lengths(llm, PROMPT + "?")
+    assert own[0] == {0: 40}, own
+    assert set(own[1]) <= {0, 1} and own[1].get(1, 0) <= 1, own  # the 50th step explores: one token
+    assert wall.get(0, 0) < 20, wall
+
+
+def test_a_gpu_like_clock_picks_the_longest_accepted_length(full_path, costs_folder, monkeypatch):
+    # the policy alone: verifying k + 1 tokens costs about one decode, so every depth the head
+    # keeps is drafted, and none past it
+    policy = DraftPolicy(FixedCosts(**GPU))
+    for agree in range(CAP + 1):
+        p = [1.0] * agree + [0.02] * (CAP - agree)
+        assert policy.choose([(p, CAP)]) == [agree], (agree, policy.choose([(p, CAP)]))
+    # through Llama, from the first request, with the costs measured at load: a head that always
+    # agrees drafts the cap once its probes are accepted (1, 2, 4 tokens, then the cap)
+    machine = FakeMachine(GPU, contention=0.030)
+    with _auto(full_path, machine, monkeypatch) as llm:
+        lengths = _lengths(llm, n=60)
+        t = llm.timings()
+    assert max(lengths, key=lengths.get) == CAP and lengths[CAP] >= 6, lengths
+    # no plain step but where the request's end leaves no room for a draft
+    assert lengths.get(0, 0) <= 1 and t["draft_n_accepted"] == t["draft_n"], lengths
