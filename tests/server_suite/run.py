@@ -246,7 +246,7 @@ def main(argv=None) -> int:
         for n in c["unexpected"]:
             print("  " + n)
     if args.json:
-        args.json.write_text(json.dumps(dict(c, share=share, wall_s=wall), indent=1))
+        args.json.write_text(json.dumps(dict(c, share=share, wall_s=wall, outcomes=outcomes), indent=1))
     return 1 if c["unexpected"] else 0
 
 
