@@ -53,7 +53,7 @@ print("devices:", [d.name for d in list_devices()])
 maps = {line.split()[-1] for line in open("/proc/self/maps") if "libllama" in line or "libggml" in line}
 print("loaded:", *sorted(maps), sep="\n  ")
 assert maps and all(m.startswith(str(b.lib_dir)) for m in maps), maps
-assert len([m for m in maps if os.path.basename(m).startswith("libllama")]) == 1, maps
+assert len([m for m in maps if os.path.basename(m).split(".so")[0] == "libllama"]) == 1, maps
 print(f"llama-metaws {llama_metaws.__version__} from {pkg}: build {b.root.name}, binding {binding} "
       "without a native library of its own")
 EOF

@@ -63,7 +63,7 @@ from .engine.contexts import split_mode_value
 from .engine.core import Engine
 from .engine.drafting import AdaptiveLength
 from .engine.gguf_meta import nextn_layers as _gguf_nextn_layers
-from .engine.request import DraftStats, Request, timings_of
+from .engine.request import DraftStatsReport, Request, timings_of
 from .engine.samplers import SamplingParams
 from .engine.workspace import MODES as WORKSPACE_MODES
 from .engine.workspace import Workspace
@@ -78,28 +78,6 @@ DRAFT_KINDS = ("mtp",)
 PROPOSER_MAX = 10
 #: a closed generator waits this long at most for its request to end (one engine step)
 CLOSE_WAIT_S = 60.0
-
-
-class DraftStatsReport:
-    """Draft statistics: ``last`` (the request that ended last) and ``total`` (since the model loaded)."""
-
-    def __init__(self, engine_fn) -> None:
-        self._engine = engine_fn
-
-    @property
-    def last(self) -> DraftStats:
-        e = self._engine()
-        return e.last.stats if e is not None and e.last is not None else DraftStats()
-
-    @property
-    def total(self) -> DraftStats:
-        e = self._engine()
-        return e.total if e is not None else DraftStats()
-
-    def __repr__(self) -> str:
-        last, total = self.last, self.total
-        return (f"DraftStatsReport(last={last} acceptance={last.acceptance:.3f}, "
-                f"total={total} acceptance={total.acceptance:.3f})")
 
 
 class _WithOurFields:

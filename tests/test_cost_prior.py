@@ -113,7 +113,7 @@ def test_the_prior_is_measured_at_load_and_the_first_request_starts_from_it(full
     assert p["target_ms"] == pytest.approx({n: 10.0 * n for n in range(1, CAP + 2)})
     assert p["catch_up_ms"] == pytest.approx({n: 1.0 * n for n in range(1, CAP + 2)})
     assert p["draft_ms"] == pytest.approx({1: 4.0})
-    assert p["seconds"] > 0 and p["load_s"] > 0 and p["share_of_load"] == pytest.approx(p["wall_s"] / p["load_s"], rel=1e-3)
+    assert p["seconds"] > 0 and p["load_s"] > 0 and p["share_of_load"] == pytest.approx(p["wall_s"] / p["load_s"], rel=0.05)  # the two rounded to ms
     # a CPU: drafting never pays, and the first request knows it from its first step
     assert first == {0: 40}, first
     # without the prior (the engine learning its costs as it runs) the first request drafts
