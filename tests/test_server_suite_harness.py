@@ -32,10 +32,10 @@ def test_the_shim_maps_llama_servers_flags_onto_serve(monkeypatch, tmp_path):
             "tinyllama-2", "--ctx-size", "512", "--parallel", "2", "--n-predict", "64", "--no-jinja"]
     out = shim.translate(argv)
     assert out[:2] == ["-m", str(tmp_path / "tinyllama.gguf")]
-    assert "--offline" not in out and "--no-jinja" not in out and "--hf-repo" not in out
+    assert "--offline" not in out and "--hf-repo" not in out
     assert out[2:] == ["--port", "8080", "--temp", "0.8", "--seed", "42", "--host", "127.0.0.1", "--batch-size",
                        "32", "--no-slots", "--alias", "tinyllama-2", "--ctx-size", "512", "--parallel", "2",
-                       "--n-predict", "64"]
+                       "--n-predict", "64", "--no-jinja"]  # llama.cpp's built-in templates by name
     # the speculative preset: its draft model becomes the MTP stand-in's own head
     out = shim.translate(["--hf-repo", "ggml-org/stories15M_MOE", "--hf-file", "x.gguf", "--model-draft",
                           "tmp/stories15M-q4_0.gguf", "--spec-type", "draft-simple", "--spec-draft-n-min", "4",

@@ -501,7 +501,9 @@ def chat(body: dict, model: ModelAccess) -> Plan:
         plan.grammar_param = "tools" if chat_body.get("tools") else "response_format"
     ids = model.tokenize(chat_req.params.prompt, add_bos=False, special=True, tokens=plan.tokens)
     plan.n_prompt = len(ids) + model.n_specials
-    plan.prompt_text = model.llm.detokenize(ids, special=True).decode("utf-8", "replace")
+    if plan.verbose:  # llama-server's __verbose shows the prompt's tokens as they run, BOS included
+        shown = model.tokenize(chat_req.params.prompt, add_bos=True, special=True, tokens={})
+        plan.prompt_text = model.llm.detokenize(shown, special=True).decode("utf-8", "replace")
     model.check_context(plan.n_prompt, "messages")
     return plan
 
