@@ -117,6 +117,26 @@ bool bool_or(const common_json & j, const char * key, bool def) {
     return j.contains(key) && j.at(key).is_boolean() ? j.at(key).get<bool>() : def;
 }
 
+// feed a sampler the generation prompt's tokens, as llama-server primes its grammar and budget
+// samplers with the prompt the template ended with; some tokenizers put a space before a first
+// special token, which is not the prompt's. The sampler is freed if accepting throws.
+void accept_generation_prompt(llama_sampler * smpl, const llama_vocab * vocab, const std::string & gp) {
+    const auto ids = common_tokenize(vocab, gp, false, true);
+    try {
+        for (size_t i = 0; i < ids.size(); i++) {
+            const std::string piece = common_token_to_piece(vocab, ids[i], true);
+            if (i == 0 && !piece.empty() && std::isspace((unsigned char) piece[0]) &&
+                !std::isspace((unsigned char) gp[0])) {
+                continue;
+            }
+            llama_sampler_accept(smpl, ids[i]);
+        }
+    } catch (...) {
+        llama_sampler_free(smpl);
+        throw;
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -348,22 +368,7 @@ int lmws_chat_grammar_init(const struct llama_vocab * vocab, const char * gramma
             throw std::runtime_error("failed to parse grammar");
         }
         if (!lazy && prefill && generation_prompt != nullptr && generation_prompt[0] != '\0') {
-            const std::string gp = generation_prompt;
-            const auto ids = common_tokenize(vocab, gp, false, true);
-            try {
-                for (size_t i = 0; i < ids.size(); i++) {
-                    const std::string piece = common_token_to_piece(vocab, ids[i], true);
-                    // some tokenizers put a space before a first special token: not the prompt's
-                    if (i == 0 && !piece.empty() && std::isspace((unsigned char) piece[0]) &&
-                        !std::isspace((unsigned char) gp[0])) {
-                        continue;
-                    }
-                    llama_sampler_accept(smpl, ids[i]);
-                }
-            } catch (...) {
-                llama_sampler_free(smpl);
-                throw;
-            }
+            accept_generation_prompt(smpl, vocab, generation_prompt);
         }
         *out = smpl;
         return LMWS_OK;
@@ -406,21 +411,7 @@ int lmws_reasoning_budget_init(const struct llama_vocab * vocab, const char * st
         if (smpl == nullptr) {
             throw std::runtime_error("the reasoning budget sampler could not be made");
         }
-        const std::string gp = generation_prompt != nullptr ? generation_prompt : "";
-        const auto ids = common_tokenize(vocab, gp, false, true);
-        try {
-            for (size_t i = 0; i < ids.size(); i++) {
-                const std::string piece = common_token_to_piece(vocab, ids[i], true);
-                if (i == 0 && !piece.empty() && std::isspace((unsigned char) piece[0]) &&
-                    !std::isspace((unsigned char) gp[0])) {
-                    continue;
-                }
-                llama_sampler_accept(smpl, ids[i]);
-            }
-        } catch (...) {
-            llama_sampler_free(smpl);
-            throw;
-        }
+        accept_generation_prompt(smpl, vocab, generation_prompt != nullptr ? generation_prompt : "");
         *out = smpl;
         return LMWS_OK;
     });
