@@ -26,9 +26,9 @@ step "1/4 python -m build (sdist, then the wheel from it), twine check"
 SDIST=$(ls "$TMP"/dist/llama_metaws-*.tar.gz)
 ls -l "$TMP"/dist
 
-step "2/4 one pip install of the sdist into a fresh venv ($BASE_PYTHON), cwd $TMP/work"
-mkdir "$TMP/work"
-cd "$TMP/work"
+step "2/4 one pip install of the sdist into a fresh venv ($BASE_PYTHON), cwd $TMP/cwd"
+mkdir "$TMP/cwd"
+cd "$TMP/cwd"
 "$BASE_PYTHON" -m venv "$TMP/venv"
 V="$TMP/venv/bin"
 "$V/python" -m pip install --quiet --upgrade pip
@@ -62,7 +62,7 @@ EOF
 step "4/4 llama-metaws demo, then the smoke tests against the installed package"
 "$V/llama-metaws" demo
 tar -xzf "$SDIST" -C "$TMP" --wildcards '*/tests/*'
-cp -r "$TMP"/llama_metaws-*/tests "$TMP/work/tests"   # the tests alone: no package beside them
+cp -r "$TMP"/llama_metaws-*/tests "$TMP/cwd/tests"   # the tests alone: no package beside them
 "$V/python" -m pytest -q -p no:cacheprovider -rfE \
     "tests/test_llama.py::test_greedy_identity_with_and_without_drafting" \
     "tests/test_server.py::test_completions_streamed_and_not_give_the_same_greedy_text" \
