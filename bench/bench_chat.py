@@ -27,15 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _serve  # noqa: E402
+from llama_metaws.testing.chat_tools import TIME, WEATHER  # noqa: E402
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "whether it is hot in Paris",
-    "parameters": {"type": "object", "properties": {"hot": {"type": "boolean"}}, "required": ["hot"],
-                   "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "the time, in UTC or not",
-    "parameters": {"type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"],
-                   "additionalProperties": False}}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 

@@ -15,6 +15,7 @@ from llama_metaws.native.binding import llama_cpp
 from llama_metaws.native.runtime import require_build
 from llama_metaws.testing import make_tiny_model, make_tiny_mtp_model
 from llama_metaws.testing.vocab import CHAT_FAMILIES
+from llama_metaws.testing.chat_tools import TIME, WEATHER
 
 TEMPLATES = require_build().src_dir / "models" / "templates"
 
@@ -31,16 +32,6 @@ FAMILIES = {
 #: the families whose templates think (a reasoning block the layer extracts)
 THINKING = {"Qwen3.5-4B.jinja", "Qwen-Qwen3-0.6B.jinja", "Qwen-QwQ-32B.jinja", "llama-cpp-deepseek-r1.jinja"}
 
-# boolean arguments: a grammar spells them out whatever the format (an XML format's string
-# argument is free text up to its closing tag, which a tiny model's random text never reaches)
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "whether it is hot in Paris",
-    "parameters": {"type": "object", "properties": {"hot": {"type": "boolean"}}, "required": ["hot"],
-                   "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "the time, in UTC or not",
-    "parameters": {"type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"],
-                   "additionalProperties": False}}}
 #: how each template's format goes to its calls: the tokens that come first in order (closing a
 #: thinking block its generation prompt leaves open, opening a block of calls), the token that
 #: opens each call, the one that closes the block

@@ -12,14 +12,10 @@ import pytest
 from llama_metaws.native.runtime import require_build
 from llama_metaws.testing import EOS_TOKEN, N_VOCAB, make_tiny_mtp_model
 from llama_metaws.testing.vocab import chat_vocab
+from llama_metaws.testing.chat_tools import WEATHER
 from serving import Server
 
 TEMPLATE = require_build().src_dir / "models" / "templates" / "Qwen3.5-4B.jinja"
-# a boolean argument: the grammar spells it out (an XML format's string argument is free text)
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "whether it is hot in Paris",
-    "parameters": {"type": "object", "properties": {"hot": {"type": "boolean"}}, "required": ["hot"],
-                   "additionalProperties": False}}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 TOKENS = {t: i for i, t in enumerate(chat_vocab("qwen", N_VOCAB)[0])}
 # a tiny model's random text would not begin a call by itself: a bias toward <tool_call> (the
