@@ -239,12 +239,6 @@ class Responder:
         self.model = alias
         self.id = _new_id("resp")
         self.created = int(time.time())
-        self.seq = 0
-        self.output: List[dict] = []   # the items so far (a stream's, in output order)
-        self.open: Optional[int] = None  # the output index of the reasoning or message item open
-        self.calls: Dict[int, int] = {}  # the chat's tool call index -> output index
-        self.usage: Optional[dict] = None
-        self.finish: Optional[str] = None
 
     def _response(self, status: str, output: List[dict], usage: Optional[dict]) -> dict:
         b = self.body
@@ -311,6 +305,15 @@ class Responder:
 
 class StreamResponder(Responder):
     """A streamed request's chunks as the Responses API's events, item by item."""
+
+    def __init__(self, inner, body: dict, alias: str):
+        super().__init__(inner, body, alias)
+        self.seq = 0                     # the next event's sequence_number
+        self.output: List[dict] = []     # the items so far, in output order
+        self.open: Optional[int] = None  # the output index of the reasoning or message item open
+        self.calls: Dict[int, int] = {}  # the chat's tool call index -> output index
+        self.usage: Optional[dict] = None
+        self.finish: Optional[str] = None
 
     def _event(self, kind: str, **fields) -> str:
         data = dict(type=kind, sequence_number=self.seq, **fields)
