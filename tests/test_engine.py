@@ -167,6 +167,34 @@ def test_zero_tokens_exact_lengths_and_a_full_context(setup) -> None:
         assert r.finish == "length"
 
 
+def test_a_prompt_reports_its_progress_once_on_its_slot_and_after_each_batch(setup) -> None:
+    reports, threads = [], set()
+
+    def listen(report):
+        reports.append(report)
+        threads.add(threading.current_thread().name)
+
+    with Engine(setup.tgt, setup.dft, draft_max=3) as engine:
+        r = _run(engine, LONG_PROMPT, 4, on_progress=listen)
+        # 40 tokens, the last held back for the first draft: batches of 16, 16 and 7
+        assert [(p.total, p.cache, p.processed, p.prompt_n) for p in reports] == \
+            [(40, 0, 0, 0), (40, 0, 16, 16), (40, 0, 32, 32), (40, 0, 40, 39)]
+        assert reports[0].prompt_ms == 0.0 and all(p.prompt_ms > 0 for p in reports[1:])
+        assert [p.time_ms for p in reports] == sorted(p.time_ms for p in reports)
+        assert threads == {"llama-metaws-engine"} and r.generated == setup.expected(LONG_PROMPT, 4)
+        # the prompt held but its last token: one report from the cache, one once it is drafted from
+        reports.clear()
+        r = engine.submit(Request(LONG_PROMPT, GREEDY, max_tokens=4, stop_at_eog=False, on_progress=listen))
+        assert r.wait(timeout=120) == setup.expected(LONG_PROMPT, 4)
+        assert [(p.cache, p.processed) for p in reports] == [(39, 39), (39, 40)]
+
+        def fails(report):
+            raise RuntimeError("a listener's bug")
+
+        r = _run(engine, SHORT_PROMPT, 5, on_progress=fails)  # the request goes on, unheard
+        assert r.generated == setup.expected(SHORT_PROMPT, 5) and r.on_progress is None
+
+
 def _decode(ctx, tokens: Sequence[int], pos0: int, *, rows=None) -> None:
     b = Batch(len(tokens), N_EMBD if rows is not None else 0)
     b.add(tokens, pos0, 0, True, None if rows is None else np.asarray(rows, dtype=np.float32))

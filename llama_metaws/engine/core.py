@@ -347,6 +347,7 @@ class Engine:
             slot.state, slot.last, slot.drafts, slot.asked = SlotState.GENERATING, r.prompt[-1], [], 0
             slot.needs_draft = True
             r.t_encoded = time.perf_counter()
+        r.report_progress(keep)  # on its slot: nothing evaluated yet (llama-server's first report)
         return True
 
     def eval_session(self, tokens, *, every_row: bool) -> np.ndarray:

@@ -23,7 +23,7 @@ import numpy as np
 
 from .samplers import SamplingParams
 
-__all__ = ["DraftStats", "DraftStatsReport", "Output", "Request", "timings_of"]
+__all__ = ["DraftStats", "DraftStatsReport", "Output", "PromptProgress", "Request", "timings_of"]
 
 _ids = itertools.count(1)
 #: a throttled request's tokens generated ahead of its reader at most (one step's)
@@ -75,6 +75,22 @@ class Output:
     error: Optional[BaseException] = None
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptProgress:
+    """Where a request's prompt stands, as llama-server reports it (``prompt_progress``): a report
+    once the request is on its slot (``processed == cache``: nothing evaluated yet) and one after
+    each batch of its prompt, the last with ``processed == total``. ``prompt_n`` and
+    ``prompt_ms``: the prompt tokens evaluated so far and the time since the slot took the
+    request (0 before the first batch), the prompt figures of llama-server's ``timings``."""
+
+    total: int       # the prompt's tokens
+    cache: int       # kept from what the slot held
+    processed: int   # held after this batch (cache included)
+    time_ms: float   # since the slot took the request
+    prompt_n: int
+    prompt_ms: float
+
+
 class Request:
     """One generation: ``prompt`` (token ids) continued with ``sampling``.
 
@@ -91,14 +107,18 @@ class Request:
     llama-server's: reuse the prefix of the prompt the slot holds (False: evaluate all of it).
     ``stop``: strings (bytes) that end the request once its text holds one (finish ``"stop"``,
     the token that completed it returned); the front-end cuts the text there. ``slot``: run on
-    that slot (llama-server's ``id_slot``), waiting while it is busy.
+    that slot (llama-server's ``id_slot``), waiting while it is busy. ``on_progress``: called with a
+    :class:`PromptProgress` on the engine's thread once the request is on a slot and after each
+    batch of its prompt; it must return at once (hand the report to another thread), and one that
+    raises is not called again.
     """
 
     def __init__(self, prompt: Sequence[int], sampling: Optional[SamplingParams] = None, *,
                  max_tokens: Optional[int] = None, stopping_criteria: Optional[Callable] = None,
                  logits_rows: bool = False, prompt_rows: bool = False, draft: bool = True,
                  stop_at_eog: bool = True, throttle: bool = False, cache_prompt: bool = True,
-                 stop: Sequence[bytes] = (), slot: Optional[int] = None) -> None:
+                 stop: Sequence[bytes] = (), slot: Optional[int] = None,
+                 on_progress: Optional[Callable[[PromptProgress], None]] = None) -> None:
         self.id = next(_ids)
         self.prompt = [int(t) for t in prompt]
         if not self.prompt:
@@ -120,6 +140,7 @@ class Request:
         self.throttle = throttle            # run at most AHEAD tokens ahead of what was consumed
         self.n_consumed = 0
         self.on_consumed: Optional[Callable[[], None]] = None  # set by the engine: wakes it
+        self.on_progress = on_progress
         # the engine's side (its thread only)
         self.generated: List[int] = []
         self.eog = False                    # it ended at an end-of-generation token (not returned)
@@ -195,6 +216,18 @@ class Request:
             self.t_end = time.perf_counter()
             self._done.set()
         self._queue.put(out)
+
+    def report_progress(self, processed: int) -> None:
+        """Hand ``on_progress`` where the prompt stands: ``processed`` of its tokens held."""
+        tell = self.on_progress
+        if tell is None or self.t_start is None:
+            return
+        elapsed_ms = (time.perf_counter() - self.t_start) * 1e3
+        try:
+            tell(PromptProgress(total=len(self.prompt), cache=self.cache_n, processed=processed, time_ms=elapsed_ms,
+                                prompt_n=self.prompt_n, prompt_ms=elapsed_ms if self.prompt_n else 0.0))
+        except Exception:  # noqa: BLE001 - the front-end's listener failed, not the request
+            self.on_progress = None
 
     def fail(self, error: BaseException) -> None:
         self.error = error

@@ -2,8 +2,9 @@
 
 :func:`update` is the last of a step's three phases (after :mod:`.schedule` and :mod:`.execute`).
 It changes Python state only: what each slot holds, its next token and draft, the request's
-tokens, statistics and timings; it hands each request what the step gave it and frees the slots
-whose request ended (their sequences stay, for the next request's prefix).
+tokens, statistics and timings; it hands each request what the step gave it (a prompt's progress
+first, to its listener) and frees the slots whose request ended (their sequences stay, for the
+next request's prefix).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def update(engine, plan: StepPlan, verdicts: List[Verdict]) -> None:
         if seg.kind == "draft":  # drafted from a prompt held already: decoded with the draft next step
             slot.needs_draft = False
             slot.drafts, slot.asked = list(v.drafts), v.draft_len or 0
+            r.report_progress(len(r.prompt))  # its held-back last token goes with this draft
             continue
         kept = v.n - seg.pos0  # the segment's tokens now held
         if kept > 0:
@@ -45,6 +47,8 @@ def update(engine, plan: StepPlan, verdicts: List[Verdict]) -> None:
                 slot.prompt_rows.append(v.prompt_rows)
             if seg.ends_prompt and not v.tokens and v.finish is None:  # the last token is held back
                 r.t_encoded = now
+            # after each batch (the held-back last token counted: it is decoded with the first draft)
+            r.report_progress(len(r.prompt) if seg.ends_prompt else slot.cursor)
         else:
             if r.t_first is None:  # the held-back prompt token is evaluated with the first draft
                 r.prompt_n += 1
