@@ -211,9 +211,9 @@ def test_timings_per_token_and_return_progress_on_openai_streams(server):
         events = [json.loads(line[6:]) for line in data.decode().splitlines()
                   if line.startswith("data: ") and line != "data: [DONE]"]
         progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
-        assert len(progress) == 1 and progress[0]["processed"] == progress[0]["total"] > 0
-        assert "prompt_progress" in events[0]
-        with_choices = [e for e in events if e["choices"]]
+        assert len(progress) >= 2 and progress[-1]["processed"] == progress[-1]["total"] > 0
+        assert progress[0]["processed"] == progress[0]["cache"] and "prompt_progress" in events[0]
+        with_choices = [e for e in events if e["choices"] and "prompt_progress" not in e]
         roles = [e for e in with_choices if "role" in (e["choices"][0].get("delta") or {})]
         assert all("timings" not in e for e in roles)
         assert all("timings" in e for e in with_choices if e not in roles)

@@ -255,6 +255,9 @@ class Responder:
                    "stop_reason": None, "stop_sequence": None, "usage": _usage(None, job.n_prompt or 0)}
         return [self._event("message_start", message=message)]
 
+    def progress(self, report, job) -> List[str]:
+        return []  # llama-server sends none on this API
+
     def _close(self) -> List[str]:
         if self.open is None:
             return []

@@ -109,7 +109,7 @@ def layout(model: ModelAccess, fim: FimTokens, prefix: str, suffix: str, extra: 
 
 
 def infill(body: dict, model: ModelAccess):
-    """``POST /infill``: :func:`.llama_api.completion`'s plan and options for the laid-out prompt."""
+    """``POST /infill``: :func:`.llama_api.completion`'s plan and options for the laid-out prompt (one pair)."""
     return llama_api.completion(request(body, model), model)
 
 

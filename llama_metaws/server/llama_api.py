@@ -6,8 +6,9 @@ timings, no ``[DONE]``) or not; ``POST /tokenize``, ``/detokenize``, ``/apply-te
 ``GET /props``; ``GET /slots`` (one entry per engine slot, ``-np``). Errors in
 llama-server's shape (:mod:`.errors`).
 
-Request fields of ``/completion``: ``prompt`` (a string, token ids, or both mixed; one prompt
-per request), ``n_predict`` (or ``max_tokens``; -1: up to the context; 0: the prompt is
+Request fields of ``/completion``: ``prompt`` (a string, token ids, both mixed, or an object with
+``prompt_string``; or a list of such prompts, answered as a list of results: :func:`prompts_of`),
+``n_predict`` (or ``max_tokens``; -1: up to the context; 0: the prompt is
 tokenized, nothing is generated), ``temperature``, ``top_k``, ``top_p``, ``min_p``,
 ``typical_p``, ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``, ``mirostat``,
 ``mirostat_tau``, ``mirostat_eta``, ``seed``, ``stop``, ``stream``, ``grammar``, ``json_schema``,
@@ -16,15 +17,16 @@ tokenized, nothing is generated), ``temperature``, ``top_k``, ``top_p``, ``min_p
 ``token``, ``bytes`` and ``logprob`` with the ``n_probs`` best as ``top_logprobs``; with
 ``post_sampling_probs``, ``prob`` and ``top_probs`` after the sampler's truncation and
 temperature), ``id_slot`` (-1: any slot; else the slot to run on), ``cache_prompt``
-(true, the default: reuse the prefix of the prompt the slot holds), ``return_tokens``, ``return_progress`` (one
-``prompt_progress`` event once the prompt is done), ``timings_per_token``, ``response_fields``.
+(true, the default: reuse the prefix of the prompt the slot holds), ``return_tokens``, ``return_progress`` (a
+stream's ``prompt_progress`` events: one once the prompt is on a slot, one after each batch of it),
+``timings_per_token``, ``response_fields``.
 Accepted and without effect here: :data:`IGNORED`. Refused unless at their "off" value:
 :data:`OFF_ONLY`. Any other field is ignored, as llama-server ignores fields it does not know.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .errors import LLAMA, RequestError
 from .requests import ModelAccess, Plan, cache_prompt
@@ -77,18 +79,28 @@ def prompt_tokens(model: ModelAccess, content, param: str, add_special: bool, pa
     return out
 
 
-def _one_prompt(prompt):
-    """The request's one prompt: llama-server takes a list of prompts too (strings, id lists,
-    objects), but not ids and strings mixed, which are one prompt."""
-    if not isinstance(prompt, list) or not prompt:
-        return prompt
-    if all(isinstance(p, (int, str)) and not isinstance(p, bool) for p in prompt) and \
-            any(isinstance(p, int) for p in prompt):
-        return prompt  # ids, or ids and strings mixed: one prompt
-    if len(prompt) > 1:
-        raise RequestError(400, f"{len(prompt)} prompts in one request: send one prompt per request",
-                           param="prompt", code="unsupported_value")
-    return prompt[0]
+def _is_id(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def prompts_of(prompt) -> list:
+    """The prompts a ``prompt`` field holds, as llama-server's ``tokenize_input_prompts`` reads it:
+    a list with no token id in it is a list of prompts (strings, id lists, ids and strings mixed,
+    ``{"prompt_string": ...}`` objects), anything else one prompt; a 400 for an empty list or an
+    element that is none of these."""
+    if not isinstance(prompt, list) or any(_is_id(p) for p in prompt):
+        return [prompt]
+    if not prompt:
+        raise RequestError(400, "'prompt' is an empty list: send a prompt, or a list of prompts", param="prompt",
+                           code="invalid_value")
+    for i, p in enumerate(prompt):
+        one = isinstance(p, str) or (isinstance(p, dict) and "prompt_string" in p) or \
+            (isinstance(p, list) and all(_is_id(x) or isinstance(x, str) for x in p) and
+             (not p or any(_is_id(x) for x in p)))
+        if not one:
+            raise _bad(f"prompt[{i}]", "each prompt of a list must be a string, a list of token ids (strings "
+                       "mixed in), or an object with 'prompt_string'")
+    return prompt
 
 
 def _logit_bias(model: ModelAccess, value, eos_never: bool) -> dict:
@@ -118,9 +130,11 @@ def _logit_bias(model: ModelAccess, value, eos_never: bool) -> dict:
 
 
 class Options:
-    """What shapes a /completion answer besides the model's output."""
+    """What shapes a /completion answer besides the model's output (``index``: its prompt's place
+    in the request's list of prompts)."""
 
-    def __init__(self, body: dict, n_prompt: int, prompt_text: str, settings: dict):
+    def __init__(self, body: dict, n_prompt: int, prompt_text: str, settings: dict, index: int = 0):
+        self.index = index
         self.return_tokens = bool(body.get("return_tokens"))
         self.return_progress = bool(body.get("return_progress"))
         self.timings_per_token = bool(body.get("timings_per_token"))
@@ -142,8 +156,17 @@ def _slot(job) -> int:
     return r.slot if r is not None and r.slot is not None else 0
 
 
-def completion(body: dict, model: ModelAccess):
-    """``POST /completion``: a :class:`Plan` and its :class:`Options`."""
+def completion(body: dict, model: ModelAccess) -> List[Tuple[Plan, Options]]:
+    """``POST /completion``: a :class:`Plan` and its :class:`Options` for each prompt of the
+    request (:func:`prompts_of`)."""
+    if "prompt" not in body:
+        raise RequestError(400, "'prompt' is required", param="prompt", code="invalid_value")
+    prompts = prompts_of(body["prompt"])
+    param = (lambda i: "prompt") if len(prompts) == 1 else (lambda i: f"prompt[{i}]")
+    return [_completion(body, model, p, param(i), i) for i, p in enumerate(prompts)]
+
+
+def _completion(body: dict, model: ModelAccess, prompt, param: str, index: int) -> Tuple[Plan, Options]:
     for key, off in OFF_ONLY.items():
         if key in body and body[key] not in (off, None):
             raise RequestError(400, f"{key!r} is not implemented by this server; leave it out or at {off!r}",
@@ -151,8 +174,6 @@ def completion(body: dict, model: ModelAccess):
     slot = body.get("id_slot", -1)
     if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not -1 <= slot < model.n_slots):
         raise _bad("id_slot", f"{slot!r}: this server has slots 0 to {model.n_slots - 1} (or -1: any)")
-    if "prompt" not in body:
-        raise RequestError(400, "'prompt' is required", param="prompt", code="invalid_value")
     kwargs = dict(_DEFAULTS)
     if model.temperature is not None:
         kwargs["temperature"] = model.temperature
@@ -181,13 +202,14 @@ def completion(body: dict, model: ModelAccess):
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "true or false is expected")
-    plan = Plan(kind="completion", kwargs=kwargs, stream=stream, prompt_param="prompt",
-                id_slot=slot if slot is not None and slot >= 0 else None, cache_prompt=cache_prompt(body))
-    ids = prompt_tokens(model, _one_prompt(body["prompt"]), "prompt", True, True, {})
+    plan = Plan(kind="completion", kwargs=kwargs, stream=stream, prompt_param=param,
+                id_slot=slot if slot is not None and slot >= 0 else None, cache_prompt=cache_prompt(body),
+                return_progress=bool(body.get("return_progress")), timings_per_token=bool(body.get("timings_per_token")))
+    ids = prompt_tokens(model, prompt, param, True, True, {})
     if not ids:
-        raise RequestError(400, "the prompt is empty: send a non-empty 'prompt'", param="prompt", code="invalid_value")
+        raise RequestError(400, f"the prompt is empty: send a non-empty {param!r}", param=param, code="invalid_value")
     plan.n_prompt = len(ids)
-    model.check_context(plan.n_prompt, "prompt")
+    model.check_context(plan.n_prompt, param)
     kwargs.update(prompt=ids, max_tokens=n_predict if n_predict > 0 else None, stop=stop, stream=stream,
                   seed=None if seed in (None, -1) else seed, model=model.alias)
     if body.get("grammar") is not None and body.get("json_schema") is not None:
@@ -236,7 +258,7 @@ def completion(body: dict, model: ModelAccess):
                                for t, b in sorted((plan.logit_bias or {}).items())]}
     plan.info = settings
     options = Options(body, plan.n_prompt, model.llm.detokenize(ids, special=True).decode("utf-8", "replace"),
-                      settings)
+                      settings, index)
     options.n_predict_zero = n_predict == 0
     return plan, options
 
@@ -251,6 +273,21 @@ def timings_now(piece: dict, n_prompt: int) -> dict:
             "prompt_per_second": n_prompt / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
             "predicted_n": n, "predicted_ms": predicted_ms,
             "predicted_per_second": n / predicted_ms * 1e3 if predicted_ms > 0 and n else 0.0}
+
+
+def progress_json(report) -> dict:
+    """llama-server's ``prompt_progress`` of an engine :class:`~llama_metaws.engine.request.PromptProgress`."""
+    return {"total": report.total, "cache": report.cache, "processed": report.processed,
+            "time_ms": int(report.time_ms)}
+
+
+def progress_timings(report) -> dict:
+    """The ``timings`` a prompt progress report carries (``timings_per_token``): the prompt's so
+    far, nothing predicted yet; all zero before the first batch."""
+    n, ms = report.prompt_n, report.prompt_ms
+    return {"cache_n": report.cache, "prompt_n": n, "prompt_ms": ms,
+            "prompt_per_token_ms": ms / n if n else 0.0, "prompt_per_second": n / ms * 1e3 if n and ms > 0 else 0.0,
+            "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
 
 
 def _post_sampling(ranked: List[list], settings: dict) -> List[tuple]:
@@ -323,7 +360,7 @@ class Responder:
         the engine slot it ran on."""
         t = timings or {}
         stop_type, word = self._stop(text, finish_reason, token_ids)
-        res = {"index": 0, "content": "" if self.plan.stream else text,
+        res = {"index": self.options.index, "content": "" if self.plan.stream else text,
                "tokens": list(token_ids) if self.options.return_tokens and not self.plan.stream else [],
                "id_slot": slot, "stop": True, "model": self.model.alias, "tokens_predicted": len(token_ids),
                "tokens_evaluated": self.options.n_prompt, "generation_settings": self.options.settings,
@@ -369,10 +406,16 @@ class Responder:
         return self.final("", [], {"cache_n": 0, "prompt_n": 0}, "length")
 
     def first(self, job) -> List[dict]:
-        if self.options.return_progress and job.progress is not None:
-            return [{"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": _slot(job), "tokens_predicted": 0,
-                     "tokens_evaluated": self.options.n_prompt, "prompt_progress": dict(job.progress)}]
         return []
+
+    def progress(self, report, job) -> List[dict]:
+        """A stream's ``prompt_progress`` event (``return_progress``)."""
+        event = {"index": self.options.index, "content": "", "tokens": [], "stop": False, "id_slot": _slot(job),
+                 "tokens_predicted": 0, "tokens_evaluated": self.options.n_prompt,
+                 "prompt_progress": progress_json(report)}
+        if self.options.timings_per_token:
+            event["timings"] = progress_timings(report)
+        return [event]
 
     def events(self, piece: dict, job) -> List[dict]:
         chunk = piece["chunk"]
@@ -381,7 +424,8 @@ class Responder:
         self.text += text
         out = []
         if text or piece["tokens"]:
-            event = {"index": 0, "content": text, "tokens": piece["tokens"], "stop": False, "id_slot": _slot(job),
+            event = {"index": self.options.index, "content": text, "tokens": piece["tokens"], "stop": False,
+                     "id_slot": _slot(job),
                      "tokens_predicted": piece["n_decoded"], "tokens_evaluated": self.options.n_prompt}
             if self.options.timings_per_token:
                 event["timings"] = timings_now(piece, self.options.n_prompt)

@@ -7,13 +7,17 @@ On top of ``create_completion`` / ``create_chat_completion``'s responses and chu
 ``choices`` is empty and whose ``usage`` counts the request (its ``completion_tokens`` are the
 tokens sampled, an end-of-generation token included, as llama-server counts them) beside its
 ``timings``. llama-server's stream options: ``timings_per_token`` (every chunk but a chat's first,
-the role's, carries the ``timings`` so far) and ``return_progress`` (the first chunk carries
-``prompt_progress``: ``total``, ``cache``, ``processed``, ``time_ms``, once the prompt is done).
+the role's, carries the ``timings`` so far) and ``return_progress`` (a chunk with no text, a chat's
+a role delta, carries ``prompt_progress``: ``total``, ``cache``, ``processed``, ``time_ms``, once
+the prompt is on a slot and after each batch of it; with ``timings_per_token`` the prompt's
+``timings`` so far). A stream's chunks carry one ``id`` and ``created``, the progress chunks' too.
 """
 
 from __future__ import annotations
 
 import functools
+import time
+import uuid
 from typing import List, Optional
 
 from .errors import OPENAI
@@ -96,7 +100,9 @@ class Responder:
     def __init__(self, plan):
         self.plan = plan
         self.fingerprint = system_fingerprint()
-        self.progress_sent = False
+        self.id = ("chatcmpl-" if plan.kind == "chat" else "cmpl-") + str(uuid.uuid4())  # a stream's chunks'
+        self.created = int(time.time())
+        self.choice = 0  # a stream's choice running (n > 1: one after the other)
 
     def response(self, out: dict, job) -> dict:
         out = dict(_shaped(_public(out)), system_fingerprint=self.fingerprint)
@@ -111,12 +117,28 @@ class Responder:
     def first(self, job) -> List[dict]:
         return []
 
+    def progress(self, report, job) -> List[dict]:
+        """A stream's chunk with the prompt's progress (``return_progress``), as llama-server sends it."""
+        from .llama_api import progress_json, progress_timings
+
+        if self.plan.kind == "chat":
+            choice = {"index": self.choice, "delta": {"role": "assistant", "content": None}, "logprobs": None,
+                      "finish_reason": None}
+        else:
+            choice = {"text": "", "index": self.choice, "logprobs": None, "finish_reason": None}
+        chunk = {"id": self.id, "object": "chat.completion.chunk" if self.plan.kind == "chat" else "text_completion",
+                 "created": self.created, "model": self.plan.kwargs.get("model"), "system_fingerprint": self.fingerprint,
+                 "choices": [choice], "prompt_progress": progress_json(report)}
+        if self.plan.timings_per_token:
+            chunk["timings"] = progress_timings(report)
+        return [chunk]
+
     def events(self, piece: dict, job) -> List[dict]:
-        chunk = dict(_shaped(_public(piece["chunk"])), system_fingerprint=self.fingerprint)
+        chunk = dict(_shaped(_public(piece["chunk"])), system_fingerprint=self.fingerprint, id=self.id,
+                     created=self.created)
         timings = chunk.get("timings")  # the request's, on its last chunk (the worker's)
-        if self.plan.return_progress and not self.progress_sent and job.progress is not None:
-            chunk["prompt_progress"] = dict(job.progress)
-            self.progress_sent = True
+        if any(c.get("finish_reason") is not None for c in chunk.get("choices") or []):
+            self.choice += 1
         if self.plan.timings_per_token and timings is None and not _is_role_chunk(chunk):
             from .llama_api import timings_now
 

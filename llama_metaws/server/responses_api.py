@@ -30,6 +30,10 @@ token budget ended it (as OpenAI reports it; llama-server says ``completed``); `
 ``response.completed`` with the whole response (its ``status`` as above; OpenAI's clients take
 the final response from that event only, and llama-server sends it always); every event has
 its ``sequence_number``, ``output_index`` and ``item_id`` as OpenAI's clients read them.
+llama-server's telemetry, as it sends it: with ``return_progress`` each report of the prompt's
+progress is a ``response.in_progress`` event carrying ``prompt_progress`` (the first right after
+``response.created``), with ``timings_per_token`` the last event of each piece carries the
+``timings`` so far; ``response.completed`` carries the request's ``timings``.
 """
 
 from __future__ import annotations
@@ -296,6 +300,9 @@ class Responder:
     def first(self, job) -> List[str]:
         return []
 
+    def progress(self, report, job) -> List[str]:
+        return []
+
     def events(self, piece: dict, job) -> List[str]:
         return []
 
@@ -314,6 +321,8 @@ class StreamResponder(Responder):
         self.calls: Dict[int, int] = {}  # the chat's tool call index -> output index
         self.usage: Optional[dict] = None
         self.finish: Optional[str] = None
+        self.timings: Optional[dict] = None  # the request's, from its last chunk
+        self.in_progress = False             # response.in_progress was sent
 
     def _event(self, kind: str, **fields) -> str:
         data = dict(type=kind, sequence_number=self.seq, **fields)
@@ -321,8 +330,23 @@ class StreamResponder(Responder):
         return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
     def first(self, job) -> List[str]:
-        start = self._response("in_progress", [], None)
-        return [self._event("response.created", response=start), self._event("response.in_progress", response=start)]
+        return [self._event("response.created", response=self._response("in_progress", [], None))]
+
+    def _started(self, **telemetry) -> List[str]:
+        """``response.in_progress``: once before the output (a progress report's each time)."""
+        if self.in_progress and not telemetry:
+            return []
+        self.in_progress = True
+        return [self._event("response.in_progress", response=self._response("in_progress", list(self.output), None),
+                            **telemetry)]
+
+    def progress(self, report, job) -> List[str]:
+        from .llama_api import progress_json, progress_timings
+
+        telemetry = {"prompt_progress": progress_json(report)}
+        if self.inner.plan.timings_per_token:
+            telemetry["timings"] = progress_timings(report)
+        return self._started(**telemetry)
 
     def _close_open(self) -> List[str]:
         """The ``.done`` events of the reasoning or message item open."""
@@ -390,12 +414,14 @@ class StreamResponder(Responder):
         return events
 
     def events(self, piece: dict, job) -> List[str]:
-        out: List[str] = []
+        out: List[str] = self._started()
+        final = piece["chunk"].get("timings")  # the request's, on its last chunk (the worker's)
         for chunk in self.inner.events(piece, job):
             if chunk.get("usage") is not None:
                 self.usage = chunk["usage"]
-            if chunk.get("timings") is not None:
-                self.usage = _usage(chunk["timings"], None)
+            if final is not None:
+                self.usage, self.timings = _usage(final, None), final
+            n_before = len(out)
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
                 if delta.get("reasoning_content"):
@@ -406,10 +432,18 @@ class StreamResponder(Responder):
                     out += self._call(call)
                 if choice.get("finish_reason") is not None:
                     self.finish = choice["finish_reason"]
+            if self.inner.plan.timings_per_token and chunk.get("timings") is not None and len(out) > n_before:
+                out[-1] = self._with(out[-1], timings=chunk["timings"])  # on the piece's last event
         return out
 
+    @staticmethod
+    def _with(event: str, **fields) -> str:
+        """An SSE block with ``fields`` added to its data."""
+        head, data = event.split("\ndata: ", 1)
+        return f"{head}\ndata: {json.dumps(dict(json.loads(data), **fields))}\n\n"
+
     def end(self) -> List[str]:
-        events = self._close_open()
+        events = self._started() + self._close_open()
         for i in sorted(self.calls.values()):
             item = self.output[i]
             item["status"] = "completed"
@@ -419,7 +453,9 @@ class StreamResponder(Responder):
         usage = self.usage if self.usage is None or "input_tokens" in self.usage else _usage(None, self.usage)
         status = self._status(self.finish)  # the last event is response.completed either way, as
         # llama-server sends it (OpenAI's clients read the final response from it alone)
-        events.append(self._event("response.completed", response=self._response(status, self.output, usage)))
+        telemetry = {"timings": self.timings} if self.timings is not None else {}
+        events.append(self._event("response.completed", response=self._response(status, self.output, usage),
+                                  **telemetry))
         return events
 
     def error_event(self, error: RequestError) -> str:

@@ -4,8 +4,10 @@ and a job handed to the model's runners and answered (a JSON body, or an event s
 A route group (:mod:`.routes`) translates a request into a plan (:mod:`.requests`) and a
 responder (:mod:`.openai_api`, :mod:`.llama_api`); :meth:`Serving.run` does the rest: the job is
 queued on the :class:`~.worker.ModelWorker`, its first item awaited (a client that goes away
-meanwhile cancels it), then answered whole or as ``data:`` events, a dropped stream cancelling
-the job.
+meanwhile cancels it), then answered whole or as ``data:`` events (a responder's ``first``,
+``events`` of each chunk, ``progress`` of each prompt progress report, ``end``), a dropped stream
+cancelling the job. :meth:`Serving.run_all` runs several plans of one request (llama-server's
+list of prompts) the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import hmac
 import json
 import math
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -81,8 +83,10 @@ class Serving:
 
     def __init__(self, worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: Optional[str] = None,
                  metrics: bool = False, slots: bool = True, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
-                 model_path: str = "", build_info: str = "", slot_save_path: Optional[str] = None) -> None:
+                 model_path: str = "", build_info: str = "", slot_save_path: Optional[str] = None,
+                 ui: bool = True) -> None:
         self.worker, self.model = worker, model
+        self.ui = ui  # --ui / --no-ui: the web page at /
         self.slot_save_path = slot_save_path  # --slot-save-path: POST /slots/{id} saves and restores there
         self.metrics, self.slots, self.max_body_size = metrics, slots, max_body_size
         self.model_path, self.build_info = model_path, build_info
@@ -117,55 +121,94 @@ class Serving:
 
     async def run(self, request: Request, plan: "_requests.Plan", responder):
         """Queue the plan's job and answer it with ``responder`` (see the module docstring)."""
+        return await self.run_all(request, [plan], [responder])
+
+    async def run_all(self, request: Request, plans: List["_requests.Plan"], responders: list):
+        """Several plans of one request (llama-server's list of prompts), run at once as the
+        slots allow (a 400 for more than may run or wait at once): one answer each, a list of them
+        when there are several; a stream merges their events as they come (each responder names
+        its own index), an error in one ends them all."""
         worker = self.worker
-        job = Job(plan.run, plan.stream, asyncio.get_running_loop(), tokens=plan.tokens, n_prompt=plan.n_prompt,
-                  info=plan.info, n_predict=plan.kwargs.get("max_tokens"))
-        worker.submit(job)  # a RequestError (503) when the queue is full or the server stops
+        room = worker.n_parallel + worker.queue_size
+        if len(plans) > room:
+            raise RequestError(400, f"{len(plans)} prompts in one request: this server runs or queues at most {room} "
+                               f"at once (-np {worker.n_parallel} and --queue-size {worker.queue_size})",
+                               param="prompt", code="too_many_prompts")
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+        jobs = [Job(plan.run, plan.stream, loop, tokens=plan.tokens, n_prompt=plan.n_prompt, info=plan.info,
+                    n_predict=plan.kwargs.get("max_tokens"), progress=plan.stream and plan.return_progress,
+                    items=items) for plan in plans]
+        submitted: List[Job] = []
         try:
-            kind, value = await self._next_item(job, request)
+            for job in jobs:
+                worker.submit(job)  # a RequestError (503) when the queue is full or the server stops
+                submitted.append(job)
+            answers: Dict[Job, Any] = {}
+            while True:
+                job, kind, value = await self._next_item(items, jobs, request)
+                if kind == "error":
+                    plan = plans[jobs.index(job)]
+                    raise from_model_error(value, plan.prompt_param, plan.grammar_param)
+                if plans[0].stream:
+                    break
+                if kind == "done":
+                    answers[job] = responders[jobs.index(job)].response(value, job)
+                    if len(answers) == len(jobs):
+                        out = [answers[j] for j in jobs]
+                        return JSON(out[0] if len(out) == 1 else out)
         except BaseException:
-            worker.cancel(job, "client")
+            for job in submitted:
+                worker.cancel(job, "client")
             raise
-        if kind == "error":
-            raise from_model_error(value, plan.prompt_param, plan.grammar_param)
-        if not plan.stream:
-            return JSON(responder.response(value, job))
-        return StreamingResponse(self._events(job, (kind, value), plan, responder), media_type="text/event-stream",
+        return StreamingResponse(self._events(jobs, (job, kind, value), items, plans, responders),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def _next_item(self, job: Job, request: Request):
-        """The job's next item; a client that went away while it waits cancels the job."""
+    async def _next_item(self, items: asyncio.Queue, jobs: List[Job], request: Request):
+        """The jobs' next item; a client that went away while they wait cancels them."""
         while True:
             try:
-                return await asyncio.wait_for(job.items.get(), timeout=_DISCONNECT_POLL_S)
+                return await asyncio.wait_for(items.get(), timeout=_DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
-                    self.worker.cancel(job, "client")
+                    for job in jobs:
+                        self.worker.cancel(job, "client")
                     raise RequestError(499, "the client closed the request", code="cancelled") from None
 
-    async def _events(self, job: Job, first, plan, responder):
+    async def _events(self, jobs: List[Job], first, items: asyncio.Queue, plans, responders):
         """The stream: each event a responder gives is a ``data:`` line of JSON, or (a string) an
         SSE block as it is (``event:`` and ``data:`` lines, for the APIs whose events are typed)."""
         def sse(event) -> str:
             return event if isinstance(event, str) else f"data: {dumps(event)}\n\n"
 
+        running = set(jobs)
         try:
-            for event in responder.first(job):
-                yield sse(event)
-            kind, value = first
+            for job, responder in zip(jobs, responders):
+                for event in responder.first(job):
+                    yield sse(event)
+            job, kind, value = first
             while True:
+                i = jobs.index(job)
+                responder = responders[i]
                 if kind == "chunk":
                     for event in responder.events(value, job):
+                        yield sse(event)
+                elif kind == "progress":
+                    for event in responder.progress(value, job):
                         yield sse(event)
                 elif kind == "done":
                     for line in responder.end():
                         yield line
-                    return
+                    running.discard(job)
+                    if not running:
+                        return
                 else:
-                    error = from_model_error(value, plan.prompt_param, plan.grammar_param)
+                    error = from_model_error(value, plans[i].prompt_param, plans[i].grammar_param)
                     on_error = getattr(responder, "error_event", None)
                     yield on_error(error) if on_error is not None else sse(error.body(responder.dialect))
                     return
-                kind, value = await job.items.get()
+                job, kind, value = await items.get()
         finally:
-            self.worker.cancel(job, "client")  # a dropped stream: the model stops after its next token
+            for job in jobs:  # a dropped stream: the model stops after its next token
+                self.worker.cancel(job, "client")

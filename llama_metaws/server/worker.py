@@ -17,9 +17,13 @@ stops counting at once (:meth:`ModelWorker.cancel`).
 
 What the HTTP side needs from the worker (the request layer depends on nothing else of it):
 :meth:`ModelWorker.submit` and :meth:`ModelWorker.cancel` of a :class:`Job`, whose ``items`` carry
-``("chunk", piece)`` (``piece``: the binding's chunk, the ids of the tokens sampled since the last
-one, the job's figures), ``("done", response)`` and ``("error", exception)``, and whose
-``token_ids``, ``n_decoded``, ``t_started``, ``t_first`` and ``progress`` tell how it went;
+``(job, "chunk", piece)`` (``piece``: the binding's chunk, the ids of the tokens sampled since the
+last one, the job's figures), ``(job, "progress", report)`` (a job made with ``progress=True``: the
+engine's :class:`~llama_metaws.engine.request.PromptProgress` once the request is on a slot and
+after each batch of its prompt, handed over by the engine's thread without waiting),
+``(job, "done", response)`` and ``(job, "error", exception)`` (several jobs may share one queue:
+the prompts of one request), and whose ``token_ids``, ``n_decoded``, ``t_started`` and
+``t_first`` tell how it went;
 ``processing`` and ``deferred`` (metrics); :meth:`ModelWorker.slots` (GET /slots, llama-server's
 fields); ``unavailable`` (why the model cannot serve any more, or None: /health answers 503);
 ``counters``; ``stop`` / ``close``; and ``llm``, whose public calls the request layer uses from
@@ -117,11 +121,14 @@ class Job:
 
     def __init__(self, run: Callable[[Any], Any], stream: bool, loop: asyncio.AbstractEventLoop, *,
                  tokens: Optional[Dict[tuple, List[int]]] = None, n_prompt: Optional[int] = None,
-                 info: Optional[dict] = None, n_predict: Optional[int] = None):
+                 info: Optional[dict] = None, n_predict: Optional[int] = None, progress: bool = False,
+                 items: Optional[asyncio.Queue] = None):
         self.run = run
         self.stream = stream
         self.loop = loop
-        self.items: asyncio.Queue = asyncio.Queue()  # ("chunk", piece) ... ("done", response) | ("error", e)
+        # (job, kind, value): ("chunk", piece) and ("progress", report) ... ("done", response) | ("error", e)
+        self.items: asyncio.Queue = items if items is not None else asyncio.Queue()
+        self.progress = progress                    # hand the engine's prompt progress reports over
         self.cancelled: Optional[str] = None         # "client" | "shutdown"; a plain attribute
         self.sampled = False                        # the model sampled a token for this job
         self.tokens = tokens or {}
@@ -132,7 +139,6 @@ class Job:
         self.state = "new"                          # new | waiting | dropped | running | ended
         self.token_ids: List[int] = []               # every token sampled, in order
         self.t_submitted = self.t_started = self.t_first = None
-        self.progress: Optional[dict] = None         # the prompt's figures, once its first token came
         self.has_new_line = False
         self.request = None                          # its engine request, once it runs
 
@@ -148,9 +154,9 @@ class Job:
             r.cancel(reason)
 
     def put(self, kind: str, value: Any = None) -> None:
-        """From the worker's thread to the event loop."""
+        """From the worker's thread (or the engine's, a progress report) to the event loop: never waits."""
         try:
-            self.loop.call_soon_threadsafe(self.items.put_nowait, (kind, value))
+            self.loop.call_soon_threadsafe(self.items.put_nowait, (self, kind, value))
         except RuntimeError:  # the event loop is closed: nobody waits for this any more
             self.cancel("shutdown")
 
@@ -385,11 +391,6 @@ class ModelWorker:
         if not job.sampled:  # the first token: the prompt is done
             job.sampled = True
             job.t_first = time.perf_counter()
-            r = job.request
-            cache = r.cache_n if r is not None else 0
-            total = job.n_prompt if job.n_prompt is not None else (len(r.prompt) if r is not None else cache)
-            job.progress = {"total": total, "cache": cache, "processed": total,
-                            "time_ms": (job.t_first - job.t_started) * 1e3}
         if self.stopping:
             job.cancel("shutdown")
         return job.cancelled is not None
@@ -418,6 +419,8 @@ class ModelWorker:
 
         def began(request):
             job.request = request
+            if job.progress:
+                request.on_progress = lambda report: job.put("progress", report)
             if job.cancelled:  # cancelled just before: the request ends at once
                 request.cancel(job.cancelled)
 

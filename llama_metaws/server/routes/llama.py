@@ -1,5 +1,5 @@
 """llama-server's own routes (:mod:`..llama_api` answers them): ``POST /completion`` (and
-``/completions``, as llama-server routes it), ``/tokenize``, ``/detokenize``,
+``/completions``, as llama-server routes it; a list of prompts answered as a list), ``/tokenize``, ``/detokenize``,
 ``/apply-template``, ``/infill`` (:mod:`..infill`), ``GET /props``, ``GET /slots`` and
 ``POST /slots/{id}`` (:mod:`..slot_actions`), ``GET /health`` (also ``/v1/health``),
 ``GET /metrics`` (with ``--metrics``)."""
@@ -27,11 +27,12 @@ def routes(serving: Serving) -> List[Route]:
     worker, model = serving.worker, serving.model
 
     async def completion(request: Request, check=llama_api.completion):
-        plan, options = await serving.check(check, await serving.body_of(request), model)
-        responder = llama_api.Responder(plan, options, model)
-        if options.n_predict_zero:
-            return JSON(responder.zero())
-        return await serving.run(request, plan, responder)
+        checked = await serving.check(check, await serving.body_of(request), model)  # one per prompt
+        responders = [llama_api.Responder(plan, options, model) for plan, options in checked]
+        if checked[0][1].n_predict_zero:
+            answers = [responder.zero() for responder in responders]
+            return JSON(answers[0] if len(answers) == 1 else answers)
+        return await serving.run_all(request, [plan for plan, _ in checked], responders)
 
     async def infill(request: Request):
         return await completion(request, _infill.infill)
