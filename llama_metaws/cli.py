@@ -316,12 +316,13 @@ def make_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", allow_abbrev=False,
                         help="OpenAI's API and llama-server's on the patched Llama (llama-server's flags)",
-                        description="Serve OpenAI's /v1/completions, /v1/chat/completions, /v1/models and "
-                        "llama-server's /completion, /tokenize, /detokenize, /apply-template, /props, /slots, "
-                        "/health and (--metrics) /metrics with the patched Llama, configured by llama-server's "
+                        description="Serve OpenAI's /v1/completions, /v1/chat/completions, /v1/responses, "
+                        "/v1/models, Anthropic's /v1/messages and llama-server's /completion, /infill, /tokenize, "
+                        "/detokenize, /apply-template, /props, /slots, /health and (--metrics) /metrics with the "
+                        "patched Llama, and a chat page at / (--no-ui: none), configured by llama-server's "
                         "flags, e.g. -m MODEL --device CPU,CPU -sm tensor --spec-type draft-mtp "
-                        "--phase-aware-workspace --port 8080. One request runs at a time (-np sizes the "
-                        "contexts); others wait, up to --queue-size. Needs the server extra.")
+                        "--phase-aware-workspace --port 8080. -np requests run at once (each on a slot); others "
+                        "wait, up to --queue-size. Needs the server extra.")
     flags.add_model_flags(sv)
     flags.add_server_flags(sv)
     sv.set_defaults(func=_cmd_serve)

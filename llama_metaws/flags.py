@@ -203,6 +203,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", dest="slots", action="store_true", default=True,
                    help="serve GET /slots (the default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve GET /slots")
+    p.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True,
+                   help="serve a chat page at / (the default; it needs no API key, the API does)")
+    p.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false", help="serve no page at / (404)")
     p.add_argument("--max-body-size", type=byte_size, default=16 << 20, metavar="BYTES",
                    help="the largest request body accepted (default 16M); a larger one gets a 413")
     for names, reason in REFUSED_SERVER_FLAGS.items():

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,21 @@ def test_the_sdist_metadata_is_complete(sdist):
     assert "[console_scripts]" in entry and "llama-metaws = llama_metaws.cli:main" in entry
     requires = tomllib.loads(_read(sdist, "pyproject.toml"))["build-system"]["requires"]
     assert any(r.startswith("cffi") for r in requires) and any(r.startswith("cmake") for r in requires)
+
+
+def test_serve_s_chat_page_is_in_the_sdist_and_in_the_wheel_pip_builds_from_it(sdist, tmp_path):
+    page = "llama_metaws/server/ui/index.html"
+    assert page in _members(sdist)
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path / "src")
+    (src,) = (tmp_path / "src").iterdir()
+    env = dict(os.environ, **{package.AT_INSTALL_ENV: "0"})  # the sources only: no native build
+    res = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(src)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("llama_metaws-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read(page) == (ROOT / page).read_bytes()
 
 
 def test_the_binding_s_own_options_leave_our_build_and_its_key_alone(tmp_path):

@@ -12,7 +12,8 @@ thread, and talks to the model only through ``Llama``'s public calls and to the 
 requests at once on the engine (one runner thread each), the rest wait; a dropped or interrupted
 stream frees its slot after its next token, a request beyond ``--queue-size`` waiting ones gets
 a 503, bad requests get a 4xx in their API's error shape, every response carries llama-server's
-``timings`` (draft counts included) and ``--metrics`` serves ``GET /metrics``. SIGTERM and
+``timings`` (draft counts included), ``--metrics`` serves ``GET /metrics`` and ``/`` a chat page
+(:mod:`.routes.ui`; ``--no-ui``: none). SIGTERM and
 SIGINT cancel the requests in flight and stop the server within seconds.
 """
 
@@ -99,7 +100,7 @@ def serve(args: argparse.Namespace) -> int:
                      max_body_size=args.max_body_size, model_path=args.model,
                      build_info=f"llama-metaws {system_fingerprint()}", slot_save_path=args.slot_save_path,
                      cors=dict(origins=args.cors_origins, methods=args.cors_methods, headers=args.cors_headers,
-                               credentials=args.cors_credentials))
+                               credentials=args.cors_credentials), ui=args.ui)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # SIGTERM, SIGINT: cancel the request in flight too

@@ -4,7 +4,8 @@ CORS, and the error handlers.
 Every request: CORS as llama-server does it (:class:`CORS`: by default the ``Origin`` echoed,
 credentials allowed; ``--cors-origins``, ``--cors-methods``, ``--cors-headers``,
 ``--[no-]cors-credentials``; an ``OPTIONS`` preflight answered at once, without the key), the API key when set
-(``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``; every route but ``/health``), a body of at
+(``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``; every route but ``/health`` and the web
+page's, :mod:`.routes.ui`), a body of at
 most ``--max-body-size`` bytes (413 beyond), read and parsed without holding the event loop;
 then the request is checked, tokenized and its grammar parsed in a worker thread (the model's
 thread never sees a request that cannot run), and handed to the model's runners as a job
@@ -105,12 +106,12 @@ def _dialects(groups_routes):
 def create_app(worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: Optional[str] = None,
                metrics: bool = False, slots: bool = True, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
                model_path: str = "", build_info: str = "", slot_save_path: Optional[str] = None,
-               cors: Optional[dict] = None) -> Starlette:
+               cors: Optional[dict] = None, ui: bool = True) -> Starlette:
     """The app; ``model``: the request layer's door to the model (and the served name); ``cors``:
     :class:`CORS`'s options (llama-server's defaults when None); ``slot_save_path``:
-    ``--slot-save-path``."""
+    ``--slot-save-path``; ``ui``: the web page at ``/`` (``--no-ui``: not served)."""
     serving = Serving(worker, model, api_key=api_key, metrics=metrics, slots=slots, max_body_size=max_body_size,
-                      model_path=model_path, build_info=build_info, slot_save_path=slot_save_path)
+                      model_path=model_path, build_info=build_info, slot_save_path=slot_save_path, ui=ui)
     groups = [(group.DIALECT, group.routes(serving)) for group in GROUPS]
     dialect_of = _dialects(groups)
 
