@@ -91,14 +91,17 @@ class Request:
     llama-server's: reuse the prefix of the prompt the slot holds (False: evaluate all of it).
     ``stop``: strings (bytes) that end the request once its text holds one (finish ``"stop"``,
     the token that completed it returned); the front-end cuts the text there. ``slot``: run on
-    that slot (llama-server's ``id_slot``), waiting while it is busy.
+    that slot (llama-server's ``id_slot``), waiting while it is busy. ``n_keep`` / ``n_discard``:
+    llama-server's, for a context shift (an engine with ``context_shift``): the prompt tokens kept
+    (-1: all of it; a BOS is kept besides) and the tokens dropped after them (0: half the rest).
     """
 
     def __init__(self, prompt: Sequence[int], sampling: Optional[SamplingParams] = None, *,
                  max_tokens: Optional[int] = None, stopping_criteria: Optional[Callable] = None,
                  logits_rows: bool = False, prompt_rows: bool = False, draft: bool = True,
                  stop_at_eog: bool = True, throttle: bool = False, cache_prompt: bool = True,
-                 stop: Sequence[bytes] = (), slot: Optional[int] = None) -> None:
+                 stop: Sequence[bytes] = (), slot: Optional[int] = None, n_keep: int = 0,
+                 n_discard: int = 0) -> None:
         self.id = next(_ids)
         self.prompt = [int(t) for t in prompt]
         if not self.prompt:
@@ -116,6 +119,7 @@ class Request:
         self.cache_prompt = cache_prompt    # reuse what the slot holds of the prompt
         self.stop = [s for s in stop if s]  # stop strings: the engine ends the request at one
         self.wanted_slot = slot             # run on this slot only (waiting for it); None: any
+        self.n_keep, self.n_discard = int(n_keep), int(n_discard)  # a context shift's (llama-server's)
         self.text = b""                     # the generated tokens' pieces (only with stop strings)
         self.throttle = throttle            # run at most AHEAD tokens ahead of what was consumed
         self.n_consumed = 0
@@ -123,6 +127,7 @@ class Request:
         # the engine's side (its thread only)
         self.generated: List[int] = []
         self.eog = False                    # it ended at an end-of-generation token (not returned)
+        self.truncated = False              # its slot's context filled: shifted, or ended there
         self.finish: Optional[str] = None
         self.error: Optional[BaseException] = None
         self.slot: Optional[int] = None
