@@ -271,10 +271,11 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         # other way would otherwise lose them silently)
         check_fields(self.model_params, model_fields, "llama_model_params")
         check_fields(self.context_params, context_fields, "llama_context_params")
-        for name, getter in (("n_seq_max", llama_cpp.llama_n_seq_max), ("n_rs_seq", llama_cpp.llama_n_rs_seq)):
-            if name in context_fields and int(getter(self._ctx.ctx)) < context_fields[name]:
-                raise RuntimeError(f"the context has {name}={int(getter(self._ctx.ctx))}, "
-                                   f"{context_fields[name]} was asked for")
+        # (n_rs_seq: llama.cpp clamps it to 0 for a model without recurrent rollback; the engine
+        # checks it for a recurrent target, where it counts)
+        if int(llama_cpp.llama_n_seq_max(self._ctx.ctx)) < context_fields["n_seq_max"]:
+            raise RuntimeError(f"the context has n_seq_max={int(llama_cpp.llama_n_seq_max(self._ctx.ctx))}, "
+                               f"{context_fields['n_seq_max']} was asked for")
         self.draft_model = proposer
 
         if draft == "mtp":

@@ -129,7 +129,7 @@ class Engine:
         if drafting:
             if isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1:
                 raise ValueError(f"draft_max must be an integer >= 1, got {draft_max!r}")
-            if draft_max + 1 > min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx))):
+            if draft_max + 1 > min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx)) if draft else self.n_batch):
                 raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} tokens must "
                                  f"fit n_batch")
             if self.recurrent and self.n_rs_seq < draft_max:
