@@ -31,7 +31,7 @@ from .requests import ModelAccess, Plan, cache_prompt
 
 #: llama-server's fields that change nothing here: the sampler chain is the binding's own order,
 #: the others shape what this server does not do
-IGNORED = ("samplers", "n_keep", "n_cache_reuse", "min_keep", "dynatemp_exponent",
+IGNORED = ("samplers", "n_keep", "n_discard", "n_cache_reuse", "min_keep", "dynatemp_exponent",
            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
            "repeat_last_n", "sse_ping_interval", "top_n_sigma", "message_delimiters",
            "model")
