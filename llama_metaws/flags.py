@@ -202,9 +202,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="/infill: the suffix before the prefix (Suffix/Prefix/Middle), for models that "
                    "were trained so")
     p.add_argument("--context-shift", dest="context_shift", action="store_true", default=False,
-                   help="a generation that fills its slot's context goes on: the tokens after the request's "
-                   "n_keep (and the BOS) are halved, as llama-server shifts them (off, with a warning, for a "
-                   "model whose memory cannot shift, e.g. qwen35's M-RoPE attention)")
+                   help="a generation that fills its slot's context goes on: the BOS is kept and half of the "
+                   "tokens after it dropped, as llama-server shifts them (off, with a warning, for a model "
+                   "whose memory cannot shift, e.g. qwen35's M-RoPE attention)")
     p.add_argument("--no-context-shift", dest="context_shift", action="store_false",
                    help="a generation that fills its slot's context ends there (the default)")
     p.add_argument("--chat-template-kwargs", metavar="STRING", type=_json_object, default=None,
