@@ -97,3 +97,29 @@ def test_serve_with_and_without_context_shift(plain, tiny_mtp_model, tmp_path, w
     else:  # as before: the context ends it
         assert res["tokens_predicted"] == N_CTX - len(PROMPT)
     assert ("context shift is not supported" in log) == (which == "mtp"), log
+
+
+def test_a_generator_read_past_the_context_keeps_what_its_reader_took(plain):
+    """``generate`` (token by token, closed by its reader) across a shift: the slot keeps the tokens
+    read, in the shifted positions, and the next completion over them reuses them."""
+    with Llama(plain, context_shift=True, **KW) as llm:
+        taken = []
+        gen = llm.generate(PROMPT, temp=0.0, logits_processor=[lambda ids, row: _no_end(row)])
+        for tok in gen:
+            taken.append(tok)
+            if len(taken) == 100:
+                break
+        gen.close()
+        n_past = llm.slots()[0]["n_past"]
+        assert llm._engine.seq_pos_max(0) == n_past - 1
+        held = llm._engine.slots[0].held().tolist()
+    # 199 + 100 tokens read through a 256-token slot: a shift took the first half (this vocabulary
+    # adds no BOS: n_keep 0) when 255 were held; the slot holds the tokens read (the last one too
+    # where it was decoded), none past them
+    assert n_past < len(PROMPT) + 100 - 127 + 1 and held[:3] == PROMPT[127:130]
+    assert held[-29:] in (taken[-29:], taken[-30:-1]), (held[-30:], taken[-30:])
+
+
+def _no_end(row):
+    row[EOS_TOKEN] = -np.inf
+    return row

@@ -549,8 +549,8 @@ class Engine:
         slot.last_used = self.steps
         r = slot.request
         if r is not None and r.throttle and reason == "cancelled":
-            keep = len(r.prompt) + r.n_consumed
-            if keep < slot.n and self.seq_rm(slot.seq_id, keep):
+            keep = len(r.prompt) + r.n_consumed - r.shifted
+            if 0 < keep < slot.n and self.seq_rm(slot.seq_id, keep):
                 slot.keep(keep, slot.row(keep - 1))
         r = slot.release()
         if r is None:

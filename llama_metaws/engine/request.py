@@ -128,6 +128,7 @@ class Request:
         self.generated: List[int] = []
         self.eog = False                    # it ended at an end-of-generation token (not returned)
         self.truncated = False              # its slot's context filled: shifted, or ended there
+        self.shifted = 0                    # positions context shifts took out of its slot
         self.finish: Optional[str] = None
         self.error: Optional[BaseException] = None
         self.slot: Optional[int] = None

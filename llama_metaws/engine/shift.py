@@ -69,4 +69,5 @@ def shift(engine, slot) -> int:
         llama_cpp.llama_memory_seq_add(mem, slot.seq_id, n_keep + n_discard, n, -n_discard)
     slot.shifted(n_keep, n_discard)
     r.truncated = True
+    r.shifted += n_discard
     return n_discard
