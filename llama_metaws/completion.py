@@ -144,14 +144,17 @@ def _processors(logits_processor, logit_bias) -> list:
     return processors
 
 
-def _token_budget(n_ctx: int, n_prompt: int, max_tokens: Optional[int]) -> int:
-    """The tokens a completion may generate, as the binding bounds them by the context."""
+def _token_budget(n_ctx: int, n_prompt: int, max_tokens: Optional[int], shift: bool = False) -> int:
+    """The tokens a completion may generate, as the binding bounds them by the context (with
+    context shift, a ``max_tokens`` given is not bounded: the context shifts to make room)."""
     if n_prompt == 0:
         raise ValueError("the prompt is empty and the model adds no BOS token: give at least one token")
     if n_prompt >= n_ctx:
         raise ValueError(f"Requested tokens ({n_prompt}) exceed context window of {n_ctx}")
     if max_tokens is None or max_tokens <= 0:
         max_tokens = n_ctx - n_prompt
+    elif shift:
+        return max_tokens
     return max_tokens if max_tokens + n_prompt < n_ctx else n_ctx - n_prompt
 
 
@@ -183,7 +186,7 @@ def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[i
         warnings.warn(f'Detected duplicate leading "{llm._model.token_get_text(bos)}" in prompt, this will likely '
                       "reduce response quality, consider removing it...", RuntimeWarning)
     processors = _processors(logits_processor, logit_bias)
-    max_tokens = _token_budget(engine.n_ctx_seq, len(tokens), max_tokens)
+    max_tokens = _token_budget(engine.n_ctx_seq, len(tokens), max_tokens, engine.context_shift)
     if llm.cache:
         llm._cache_lookup(tokens)
     seed = llm._request_seed(seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import List
 
+from .engine import synthetic
 from .engine.limits import AUTO_DRAFT_MAX
 
 
@@ -66,13 +67,19 @@ REFUSED_SERVER_FLAGS = {
     ("--mmproj", "-mm"): "no multimodal projector: this server serves text models",
     ("--embedding", "--embeddings", "--reranking", "--rerank"): "this server generates text; it has no "
     "embedding or reranking endpoints",
-    ("--context-shift",): "context shift is not served: the MTP targets this server is for (qwen35 and other "
-    "hybrids) keep recurrent state, which cannot be shifted (llama.cpp turns context shift off for such memory "
-    "too), and the engine's prompt reuse, checkpoints and MTP draft context take a slot's positions to be its "
-    "tokens' indices; a request that fills its slot's context ends with finish_reason 'length'",
     ("-nocb", "--no-cont-batching"): "the engine always batches every running request into one step "
     "(continuous batching); serve -np 1 runs one request at a time",
 }
+
+
+def _checked(parse):
+    """An argparse type from a parser that raises ValueError with its message."""
+    def value(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return value
 
 
 def draft_max_value(text: str):
@@ -108,6 +115,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         f"recent acceptance and the step costs (measured at load, or a curve saved by an "
                         f"earlier run and checked, then as it runs)")
     p.add_argument("--draft-p-min", type=float, default=0.0)
+    p.add_argument("--spec-synth-rates", metavar="P0,P1,...", type=_checked(synthetic.parse_rates), default=None,
+                   help="benchmarking only: accept draft token i at random, with unconditional rate Pi (one "
+                   "per draft position, non-increasing), instead of by its match with the target; the "
+                   "output is not valid")
+    p.add_argument("--spec-synth-len", metavar="L", type=_checked(synthetic.parse_length), default=None,
+                   help="benchmarking only: synthetic acceptance at a mean acceptance length L, the target's "
+                   "token included (1 to the draft length + 1; geometric rates)")
     p.add_argument("--phase-aware-workspace", action="store_true",
                    help="share the target's and the draft's compute buffers (needs --spec-type draft-mtp)")
     p.add_argument("--workspace-mode", default="alias", choices=["alias", "private-meta", "unsafe-shared", "off"])
@@ -187,8 +201,12 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spm-infill", action="store_true",
                    help="/infill: the suffix before the prefix (Suffix/Prefix/Middle), for models that "
                    "were trained so")
-    p.add_argument("--no-context-shift", action="store_true",
-                   help="accepted: context shift is always off here (see --context-shift's error)")
+    p.add_argument("--context-shift", dest="context_shift", action="store_true", default=False,
+                   help="a generation that fills its slot's context goes on: the BOS is kept and half of the "
+                   "tokens after it dropped, as llama-server shifts them (off, with a warning, for a model "
+                   "whose memory cannot shift, e.g. qwen35's M-RoPE attention)")
+    p.add_argument("--no-context-shift", dest="context_shift", action="store_false",
+                   help="a generation that fills its slot's context ends there (the default)")
     p.add_argument("--chat-template-kwargs", metavar="STRING", type=_json_object, default=None,
                    help="more parameters for the template, a JSON object, e.g. '{\"enable_thinking\": false}'")
     p.add_argument("--reasoning-format", default="deepseek", choices=["none", "auto", "deepseek", "deepseek-legacy"],
@@ -253,7 +271,10 @@ def llama_kwargs(args: argparse.Namespace) -> dict:
         workspace_mode=args.workspace_mode if args.phase_aware_workspace else "off",
         allow_unsafe_workspace=args.workspace_mode == "unsafe-shared",
         ctx_checkpoints=args.ctx_checkpoints, checkpoint_every=args.checkpoint_every,
+        draft_synth_rates=args.spec_synth_rates, draft_synth_len=args.spec_synth_len,
     )
+    if getattr(args, "context_shift", False):
+        kw["context_shift"] = True
     if getattr(args, "kv_unified", False):
         kw["kv_unified"] = True
     for flag, key in (("cache_type_k", "type_k"), ("cache_type_v", "type_v")):

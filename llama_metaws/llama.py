@@ -19,6 +19,10 @@ New keyword arguments (llama.cpp's option names):
   :mod:`llama_metaws.engine.policy`),
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
   the binding's ``draft_model`` (prompt lookup, ...) drafts on the engine too;
+  ``draft_synth_rates`` (a rate per draft position) or ``draft_synth_len``: llama-server's synthetic
+  acceptance for benchmarks (:mod:`llama_metaws.engine.synthetic`; the output is not valid text);
+- ``context_shift=True``: a generation that fills its slot's context goes on past it, as
+  llama-server's ``--context-shift`` (:mod:`llama_metaws.engine.shift`);
 - ``devices=["CPU", "CUDA0", ...]``: device names as llama.cpp prints them; the same CPU device
   may be listed twice (a CPU test bed); with devices, ``n_gpu_layers`` defaults to all layers;
 - ``rpc_servers=["host:port", ...]`` (or llama.cpp's ``--rpc`` string ``"h1:p1,h2:p2"``): ggml
@@ -59,6 +63,7 @@ from .engine import devices as _devices
 from .engine import rpc as _rpc
 from .engine import prior as _prior
 from .engine import sampling as _sampling
+from .engine import synthetic as _synthetic
 from .engine.contexts import split_mode_value
 from .engine.core import Engine
 from .engine.drafting import AdaptiveLength
@@ -154,6 +159,9 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         draft: Optional[str] = None,
         draft_max: Union[int, str] = 3,
         draft_p_min: float = 0.0,
+        draft_synth_rates: Optional[Sequence[float]] = None,
+        draft_synth_len: Optional[float] = None,
+        context_shift: bool = False,
         devices: Optional[Sequence[str]] = None,
         rpc_servers: Union[None, str, Sequence[str]] = None,
         split_mode: Union[str, int] = llama_cpp.LLAMA_SPLIT_MODE_LAYER,
@@ -243,6 +251,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
             draft_max = min(PROPOSER_MAX, kwargs.get("n_batch", 512) - 1)
 
         self._draft_max = draft_max if (draft == "mtp" or proposer is not None) else 0
+        synth_rates = _synthetic.resolve(draft_synth_rates, draft_synth_len, self._draft_max)  # ValueError
         # n_seq_max, rollback snapshots and llama-server's output rows (engine.contexts)
         context_fields, self._draft_fields = _contexts.context_fields(
             n_seq_max=n_seq_max, draft_max=self._draft_max,
@@ -262,10 +271,11 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         # other way would otherwise lose them silently)
         check_fields(self.model_params, model_fields, "llama_model_params")
         check_fields(self.context_params, context_fields, "llama_context_params")
-        for name, getter in (("n_seq_max", llama_cpp.llama_n_seq_max), ("n_rs_seq", llama_cpp.llama_n_rs_seq)):
-            if name in context_fields and int(getter(self._ctx.ctx)) < context_fields[name]:
-                raise RuntimeError(f"the context has {name}={int(getter(self._ctx.ctx))}, "
-                                   f"{context_fields[name]} was asked for")
+        # (n_rs_seq: llama.cpp clamps it to 0 for a model without recurrent rollback; the engine
+        # checks it for a recurrent target, where it counts)
+        if int(llama_cpp.llama_n_seq_max(self._ctx.ctx)) < context_fields["n_seq_max"]:
+            raise RuntimeError(f"the context has n_seq_max={int(llama_cpp.llama_n_seq_max(self._ctx.ctx))}, "
+                               f"{context_fields['n_seq_max']} was asked for")
         self.draft_model = proposer
 
         if draft == "mtp":
@@ -278,7 +288,8 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
                               draft_max=max(self._draft_max, 1), adaptive=adaptive, p_min=float(draft_p_min),
                               proposer=proposer, ctx_checkpoints=ctx_checkpoints,
                               checkpoint_every=checkpoint_every, ctx_checkpoints_bytes=ctx_checkpoints_bytes,
-                              after_decode=self._after_decode)
+                              after_decode=self._after_decode, synth_rates=synth_rates,
+                              context_shift=context_shift)
         self._stack.callback(self._engine.close)  # before the contexts go (LIFO)
         if draft == "mtp" and phase_aware_workspace and workspace_mode != "off":
             n_decode = n_seq_max * (draft_max + 1)

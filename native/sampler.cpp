@@ -108,6 +108,11 @@ bool is_grammar(const struct llama_sampler * smpl) {
     return name != nullptr && std::strcmp(name, "grammar") == 0;
 }
 
+bool is_reasoning_budget(const struct llama_sampler * smpl) {
+    const char * name = name_of(smpl);
+    return name != nullptr && std::strcmp(name, "reasoning-budget") == 0;
+}
+
 bool is_chain(const struct llama_sampler * smpl) {
     const char * name = name_of(smpl);
     return name != nullptr && std::strcmp(name, "chain") == 0;
@@ -205,8 +210,11 @@ extern "C" int lmws_grammar_check(const struct llama_vocab * vocab, const char *
     return fail(LMWS_EGRAMMAR, "the grammar is not valid: " + why);
 }
 
-extern "C" int lmws_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx,
-                                   llama_token * out) {
+namespace {
+
+// llama_sampler_sample's steps on output idx of ctx; the chosen token accepted when `accept`
+int sample_row(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx, bool accept,
+               llama_token * out) {
     if (smpl == nullptr || ctx == nullptr || out == nullptr) {
         return fail(LMWS_EINVAL, "sample: NULL sampler or context");
     }
@@ -236,7 +244,9 @@ extern "C" int lmws_sampler_sample(struct llama_sampler * smpl, struct llama_con
                         "ruled out here (the grammar allows none of them, or a logit bias or "
                         "min_tokens removed the ones it allows)");
         }
-        llama_sampler_accept(smpl, chosen.id);
+        if (accept) {
+            llama_sampler_accept(smpl, chosen.id);
+        }
         *out = chosen.id;
         return LMWS_OK;
     } catch (const std::exception & e) {
@@ -244,6 +254,18 @@ extern "C" int lmws_sampler_sample(struct llama_sampler * smpl, struct llama_con
     } catch (...) {
         return fail(LMWS_ESAMPLER, threw(nullptr));
     }
+}
+
+} // namespace
+
+extern "C" int lmws_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx,
+                                   llama_token * out) {
+    return sample_row(smpl, ctx, idx, true, out);
+}
+
+extern "C" int lmws_sampler_select(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx,
+                                   llama_token * out) {
+    return sample_row(smpl, ctx, idx, false, out);
 }
 
 extern "C" int lmws_sampler_accept(struct llama_sampler * smpl, llama_token token) {
@@ -257,6 +279,35 @@ extern "C" int lmws_sampler_accept(struct llama_sampler * smpl, llama_token toke
             return fail(LMWS_EGRAMMAR, "token " + std::to_string(token) + " is not allowed by the grammar here");
         }
         llama_sampler_accept(smpl, token);
+        return LMWS_OK;
+    } catch (const std::exception & e) {
+        return fail(LMWS_ESAMPLER, threw(e.what()));
+    } catch (...) {
+        return fail(LMWS_ESAMPLER, threw(nullptr));
+    }
+}
+
+extern "C" int lmws_sampler_accept_draft(struct llama_sampler * smpl, llama_token token) {
+    if (smpl == nullptr) {
+        return fail(LMWS_EINVAL, "accept: NULL sampler");
+    }
+    try {
+        // what llama-server's common_sampler_accept(..., is_generated = false) does for a
+        // synthetic draft token: the chain's samplers take it, its grammars and reasoning
+        // budget do not (they see only what the target samples)
+        if (!is_chain(smpl)) {
+            if (!is_grammar(smpl) && !is_reasoning_budget(smpl)) {
+                llama_sampler_accept(smpl, token);
+            }
+            return LMWS_OK;
+        }
+        const int n = llama_sampler_chain_n(smpl);
+        for (int i = 0; i < n; i++) {
+            struct llama_sampler * s = llama_sampler_chain_get(smpl, i);
+            if (!is_grammar(s) && !is_reasoning_budget(s)) {
+                llama_sampler_accept(s, token);
+            }
+        }
         return LMWS_OK;
     } catch (const std::exception & e) {
         return fail(LMWS_ESAMPLER, threw(e.what()));

@@ -87,6 +87,10 @@ int lmws_rpc_start_server(const char * endpoint, const char * cache_dir, size_t 
 int lmws_grammar_check(const struct llama_vocab * vocab, const char * grammar, const char * root);
 int lmws_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx, llama_token * out);
 int lmws_sampler_accept(struct llama_sampler * smpl, llama_token token);
+// the same sampling without the accept (the caller accepts the token it takes), and the accept
+// of a synthetic draft token: every sampler of the chain but its grammars and reasoning budget
+int lmws_sampler_select(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx, llama_token * out);
+int lmws_sampler_accept_draft(struct llama_sampler * smpl, llama_token token);
 
 // llama.cpp's chat layer, common/chat.h (chat_layer.cpp): JSON in, JSON out (malloc'ed strings,
 // freed with lmws_chat_free_string); what it throws is LMWS_ECHAT with the exception's text.

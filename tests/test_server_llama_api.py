@@ -190,7 +190,11 @@ def test_llama_servers_flags_map_to_the_model_and_the_others_are_refused_by_name
     assert (args.temp, args.n_predict, args.chat_template, args.slots, args.max_body_size) == (0.3, 12, "chatml", False,
                                                                                               2 << 20)
     plain = flags.llama_kwargs(p.parse_args(["serve", "-m", "x.gguf"]))
-    assert "type_k" not in plain and "kv_unified" not in plain
+    assert "type_k" not in plain and "kv_unified" not in plain and "context_shift" not in plain
+    shift = flags.llama_kwargs(p.parse_args(["serve", "-m", "x.gguf", "--context-shift", "--spec-synth-rates",
+                                             "0.8, 0.5", "--spec-synth-len", "2"]))
+    assert shift["context_shift"] is True and shift["draft_synth_rates"] == [0.8, 0.5]
+    assert shift["draft_synth_len"] == 2.0 and plain["draft_synth_rates"] is None
     # the chat layer's flags, as llama-server's
     chat = flags.chat_options(p.parse_args(["serve", "-m", "x.gguf", "--no-jinja", "--reasoning-format", "none",
                                             "-rea", "off", "--chat-template-kwargs", '{"x": 1}',
@@ -205,8 +209,7 @@ def test_llama_servers_flags_map_to_the_model_and_the_others_are_refused_by_name
 
     assert {n: int(gguf.GGMLQuantizationType[n.upper()]) for n in flags.KV_CACHE_TYPES} == flags.KV_CACHE_TYPES
     for argv, words in ((["--lora", "a.gguf"], "adapters"),
-                        (["-ctk", "q3_k"], "not a KV cache type"), (["--props"], "GET /props"),
-                        (["--context-shift"], "recurrent state, which cannot be shifted")):
+                        (["-ctk", "q3_k"], "not a KV cache type"), (["--props"], "GET /props")):
         with pytest.raises(SystemExit):
             p.parse_args(["serve", "-m", "x.gguf", *argv])
         err = capsys.readouterr().err

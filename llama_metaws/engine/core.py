@@ -20,6 +20,7 @@ import collections
 import ctypes
 import threading
 import time
+import warnings
 import weakref
 from typing import Callable, Deque, List, Optional, Sequence, Tuple
 
@@ -32,6 +33,7 @@ from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_EVERY, DE
 from .drafting import AdaptiveLength, MTPHead
 from .policy import DraftPolicy, StepCosts
 from .prior import CostPrior, calibrate
+from . import shift, synthetic
 from .execute import DecodeError, Verdict, execute
 from .request import DraftStats, Output, Request
 from .samplers import SlotSampler
@@ -86,14 +88,18 @@ class Engine:
     ``--draft-p-min``. ``proposer``: without a draft context, drafts from a callable instead
     (the binding's draft models: ``proposer(input_ids) -> tokens``, ``input_ids`` the tokens up to
     the one to continue). ``after_decode``: called after each decode (a lost RPC server raises
-    there). The checkpoint arguments are ``Llama``'s (``ctx_checkpoints``, ...).
+    there). The checkpoint arguments are ``Llama``'s (``ctx_checkpoints``, ...). ``synth_rates``:
+    synthetic acceptance's rates per draft position (:mod:`.synthetic`, resolved; empty: off).
+    ``context_shift``: a generating slot whose context is full drops half of what follows its
+    request's ``n_keep`` and goes on (:mod:`.shift`; the contexts must be able to shift).
     """
 
     def __init__(self, target, draft=None, *, workspace=None, n_slots: Optional[int] = None, draft_max: int = 3,
                  adaptive: bool = False, p_min: float = 0.0, ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS,
                  checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
                  ctx_checkpoints_bytes: int = DEFAULT_CHECKPOINT_BYTES, proposer: Optional[Callable] = None,
-                 after_decode: Optional[Callable[[str], None]] = None) -> None:
+                 after_decode: Optional[Callable[[str], None]] = None, synth_rates: Sequence[float] = (),
+                 context_shift: bool = False) -> None:
         tctx = target.ctx
         if tctx is None or (draft is not None and (draft.ctx is None or draft is target)):
             raise ValueError("the engine needs open target and draft contexts (two distinct ones)")
@@ -123,7 +129,7 @@ class Engine:
         if drafting:
             if isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1:
                 raise ValueError(f"draft_max must be an integer >= 1, got {draft_max!r}")
-            if draft_max + 1 > min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx))):
+            if draft_max + 1 > min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx)) if draft else self.n_batch):
                 raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} tokens must "
                                  f"fit n_batch")
             if self.recurrent and self.n_rs_seq < draft_max:
@@ -132,6 +138,15 @@ class Engine:
             if self.recurrent and draft_max + 1 > self.n_ubatch:
                 raise ValueError(f"draft_max={draft_max}: the verification batch must fit one target ubatch "
                                  f"(n_ubatch {self.n_ubatch})")
+        if synth_rates and not drafting:
+            raise ValueError("synthetic acceptance requires drafting")
+        self.synth_probs = synthetic.conditional(synth_rates)  # empty: verification by match
+        if self.synth_probs:
+            warnings.warn(synthetic.WARNING, RuntimeWarning, stacklevel=3)
+        self.context_shift = bool(context_shift)
+        if self.context_shift and not shift.supported(self):  # llama-server turns it off, with a warning
+            warnings.warn(shift.UNSUPPORTED, RuntimeWarning, stacklevel=3)
+            self.context_shift = False
         self.head: Optional[MTPHead] = MTPHead(target, draft, p_min=p_min) if draft is not None else None
         self.prior: Optional[CostPrior] = None  # draft_max="auto": the costs measured before any request
         self.set_costs(StepCosts())  # what the engine's decodes cost (the prior, then measured as it runs)
@@ -330,6 +345,8 @@ class Engine:
             r.fail(e)
             return False
         slot.request, slot.state = r, SlotState.PROMPT
+        if self.synth_probs:  # synthetic acceptance: the request's own draws, from its seed
+            slot.synth_rng = synthetic.request_rng(r.sampling.seed)
         r.slot, r.t_start = slot.seq_id, time.perf_counter()
         fresh = r.prompt_rows or not r.cache_prompt  # every prompt row wanted, or no reuse asked for
         held_back = self.head is not None and r.draft  # draft-mtp: the last token comes with the first draft
@@ -349,6 +366,13 @@ class Engine:
             r.t_encoded = time.perf_counter()
         r.report_progress(keep)  # on its slot: nothing evaluated yet (llama-server's first report)
         return True
+
+    def shift_context(self, slot: Slot) -> None:
+        """A generating slot's context is full: shift it (:mod:`.shift`), or fail its request."""
+        try:
+            shift.shift(self, slot)
+        except BaseException as e:  # noqa: BLE001 - this request alone
+            self.fail(slot, e)
 
     def eval_session(self, tokens, *, every_row: bool) -> np.ndarray:
         """The binding's low-level ``eval`` on slot 0 (called on the engine's thread with no slot
@@ -526,8 +550,8 @@ class Engine:
         slot.last_used = self.steps
         r = slot.request
         if r is not None and r.throttle and reason == "cancelled":
-            keep = len(r.prompt) + r.n_consumed
-            if keep < slot.n and self.seq_rm(slot.seq_id, keep):
+            keep = len(r.prompt) + r.n_consumed - r.shifted
+            if 0 < keep < slot.n and self.seq_rm(slot.seq_id, keep):
                 slot.keep(keep, slot.row(keep - 1))
         r = slot.release()
         if r is None:

@@ -9,8 +9,9 @@
 3. one draft decode that catches the MTP context up with that batch, for all slots at once;
 4. per slot, the sampling of its output rows with its own sampler: a generating slot verifies
    its draft (a draft token is kept while it equals what the target samples at its position,
-   so greedy output equals no drafting and sampled output keeps the target's distribution),
-   and the rejected positions are removed from both contexts;
+   so greedy output equals no drafting and sampled output keeps the target's distribution; with
+   synthetic acceptance, :mod:`.synthetic`, at random), and the rejected positions are removed
+   from both contexts;
 5. the drafts of every slot that goes on, together, one draft decode per depth.
 
 What it found is a :class:`Verdict` per slot; :mod:`.update` applies them.
@@ -163,9 +164,21 @@ def _verify(engine, v: Verdict, tctx, rows, *, drafts: List[int], first: int) ->
     finish = None
     budget = r.remaining
     slot.step_tokens = toks  # a logits processor's history
+    taken: List[bool] = []  # toks[j] is drafts[j], kept
+    synth = engine.synth_probs if seg.kind == "decode" else None
     for j in range(k + 1):
         idx = first + j
-        tok = slot.sampler.sample(tctx, idx)
+        if synth and j < k:  # synthetic acceptance (.synthetic): drafts[j] taken at random
+            tok = slot.sampler.select(tctx, idx)
+            took = slot.synth_rng.random() < synth[j] and not engine.is_eog(drafts[j])
+            if took:
+                tok = drafts[j]
+                slot.sampler.accept_draft(tok)
+            else:
+                slot.sampler.accept(tok)
+        else:
+            tok = slot.sampler.sample(tctx, idx)
+            took = j < k and tok == drafts[j]
         if r.stopping_criteria is not None:
             ids = np.asarray(r.prompt + r.generated + toks, dtype=np.intc)
             if r.stopping_criteria(ids, engine.logits(tctx, idx, copy=False)):
@@ -176,6 +189,7 @@ def _verify(engine, v: Verdict, tctx, rows, *, drafts: List[int], first: int) ->
             r.eog = True  # sampled, not returned (llama-server counts it in predicted_n)
             break
         toks.append(tok)
+        taken.append(took)
         if keep_rows:
             out_rows.append(engine.logits(tctx, idx))
         if budget is not None and len(toks) >= budget:
@@ -184,12 +198,12 @@ def _verify(engine, v: Verdict, tctx, rows, *, drafts: List[int], first: int) ->
         if r.stop and _stopped(engine, r, tok):
             finish = "stop"
             break
-        if j < k and tok == drafts[j]:
+        if took:
             continue
         break
     slot.step_tokens = []
     valid = 0  # drafts decoded at positions that the sampled tokens confirm
-    while valid < min(k, len(toks)) and toks[valid] == drafts[valid]:
+    while valid < min(k, len(toks)) and taken[valid]:
         valid += 1
     v.tokens, v.rows = toks, out_rows if keep_rows else None
     v.n = n0 + 1 + valid
@@ -199,7 +213,9 @@ def _verify(engine, v: Verdict, tctx, rows, *, drafts: List[int], first: int) ->
     if seg.kind == "decode":
         v.drafted, v.accepted = k, valid
         v.verdict_known = valid == k or len(toks) > valid
-    if finish is None and v.n >= slot.n_ctx:
-        finish = "length"  # the context of the sequence is full
+    if not engine.context_shift and v.n + 1 >= slot.n_ctx and finish != "stop":
+        r.truncated = True  # llama-server's: the next token would not fit
+        if finish is None and v.n >= slot.n_ctx:
+            finish = "length"  # the context of the sequence is full
     v.finish = finish
     v.last = toks[valid] if finish is None else None

@@ -110,15 +110,17 @@ class Request:
     that slot (llama-server's ``id_slot``), waiting while it is busy. ``on_progress``: called with a
     :class:`PromptProgress` on the engine's thread once the request is on a slot and after each
     batch of its prompt; it must return at once (hand the report to another thread), and one that
-    raises is not called again.
+    raises is not called again. ``n_keep`` / ``n_discard``:
+    llama-server's, for a context shift (an engine with ``context_shift``): the prompt tokens kept
+    (-1: all of it; a BOS is kept besides) and the tokens dropped after them (0: half the rest).
     """
 
     def __init__(self, prompt: Sequence[int], sampling: Optional[SamplingParams] = None, *,
                  max_tokens: Optional[int] = None, stopping_criteria: Optional[Callable] = None,
                  logits_rows: bool = False, prompt_rows: bool = False, draft: bool = True,
                  stop_at_eog: bool = True, throttle: bool = False, cache_prompt: bool = True,
-                 stop: Sequence[bytes] = (), slot: Optional[int] = None,
-                 on_progress: Optional[Callable[[PromptProgress], None]] = None) -> None:
+                 stop: Sequence[bytes] = (), slot: Optional[int] = None, n_keep: int = 0,
+                 n_discard: int = 0, on_progress: Optional[Callable[[PromptProgress], None]] = None) -> None:
         self.id = next(_ids)
         self.prompt = [int(t) for t in prompt]
         if not self.prompt:
@@ -136,6 +138,7 @@ class Request:
         self.cache_prompt = cache_prompt    # reuse what the slot holds of the prompt
         self.stop = [s for s in stop if s]  # stop strings: the engine ends the request at one
         self.wanted_slot = slot             # run on this slot only (waiting for it); None: any
+        self.n_keep, self.n_discard = int(n_keep), int(n_discard)  # a context shift's (llama-server's)
         self.text = b""                     # the generated tokens' pieces (only with stop strings)
         self.throttle = throttle            # run at most AHEAD tokens ahead of what was consumed
         self.n_consumed = 0
@@ -144,6 +147,8 @@ class Request:
         # the engine's side (its thread only)
         self.generated: List[int] = []
         self.eog = False                    # it ended at an end-of-generation token (not returned)
+        self.truncated = False              # its slot's context filled: shifted, or ended there
+        self.shifted = 0                    # positions context shifts took out of its slot
         self.finish: Optional[str] = None
         self.error: Optional[BaseException] = None
         self.slot: Optional[int] = None

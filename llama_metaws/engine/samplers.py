@@ -169,6 +169,14 @@ class SlotSampler:
         """Tell the chain a token was taken without sampling it (a token the caller sent)."""
         _sampling.accept(self._chain.sampler, int(token))
 
+    def select(self, ctx, idx: int) -> int:
+        """:meth:`sample` without the accept (the caller accepts the token it takes)."""
+        return _sampling.select(self._chain.sampler, ctx, idx)
+
+    def accept_draft(self, token: int) -> None:
+        """A synthetic draft token taken: the chain accepts it, its grammar and reasoning budget do not."""
+        _sampling.accept_draft(self._chain.sampler, int(token))
+
     def close(self) -> None:
         if self._chain is not None:
             self._chain.close()

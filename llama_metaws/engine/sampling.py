@@ -12,7 +12,8 @@ thrown; these are its Python side, for :class:`~llama_metaws.llama.Llama` and an
   every token is ruled out (the grammar allows none of the vocabulary, where llama.cpp would
   accept one anyway and throw), :class:`SamplingError` when llama.cpp threw;
 - :func:`accept`: accept a token the caller chose (a draft, a forced token), asking the chain's
-  grammars first whether they allow it;
+  grammars first whether they allow it; :func:`select` samples without accepting, and
+  :func:`accept_draft` accepts a synthetic draft token past the grammars (synthetic acceptance);
 - :class:`CheckedSampler`: the binding's ``LlamaSampler`` whose ``sample`` and ``accept`` are
   these.
 
@@ -31,8 +32,8 @@ from ..errors import GrammarError, SamplingError
 from ..native.binding import _internals
 from ..native.shim import address, check_error, ffi, lib
 
-__all__ = ["check_grammar", "sample", "accept", "CheckedSampler", "GrammarError", "SamplingError",
-           "MAX_GRAMMAR_DEPTH", "MAX_GRAMMAR_RULES", "grammar_depth"]
+__all__ = ["check_grammar", "sample", "select", "accept", "accept_draft", "CheckedSampler", "GrammarError",
+           "SamplingError", "MAX_GRAMMAR_DEPTH", "MAX_GRAMMAR_RULES", "grammar_depth"]
 
 #: Groups a grammar may nest, and rules it may have (a chain of rules is recursion too): far
 #: below what overflows a thread's stack (see the module docstring), far above what JSON
@@ -103,6 +104,22 @@ def sample(sampler, ctx, idx: int = -1) -> int:
     check_error(lib.lmws_sampler_sample(_sampler_ptr(sampler), ffi.cast("struct llama_context *", address(ctx)),
                                         int(idx), out))
     return int(out[0])
+
+
+def select(sampler, ctx, idx: int = -1) -> int:
+    """:func:`sample` without the accept: the caller accepts the token it takes (with
+    :func:`accept`, or :func:`accept_draft`)."""
+    out = ffi.new("llama_token *")
+    check_error(lib.lmws_sampler_select(_sampler_ptr(sampler), ffi.cast("struct llama_context *", address(ctx)),
+                                        int(idx), out))
+    return int(out[0])
+
+
+def accept_draft(sampler, token: int) -> None:
+    """Accept a synthetic draft token as llama-server does (``common_sampler_accept`` with
+    ``is_generated`` false): every sampler of the chain takes it but its grammars and reasoning
+    budget, which see only what the target samples."""
+    check_error(lib.lmws_sampler_accept_draft(_sampler_ptr(sampler), int(token)))
 
 
 def accept(sampler, token: int) -> None:

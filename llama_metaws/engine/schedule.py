@@ -1,7 +1,8 @@
 """A step is decided here: what each slot contributes to the target's batch.
 
 :func:`schedule` is the first of a step's three phases (then :mod:`.execute`, then :mod:`.update`),
-as in vLLM; it decides and runs no decode. It ends the requests that were cancelled, puts waiting
+as in vLLM; it decides and runs no decode. It ends the requests that were cancelled, shifts the
+context of a generating slot that filled it (with context shift, :mod:`.shift`), puts waiting
 requests on idle slots (the slot whose held tokens share the longest prefix with the prompt, where
 the prompt is reused from), and gives every busy slot its segment of the batch, as llama-server's
 ``update_slots`` builds its one batch per iteration:
@@ -101,6 +102,9 @@ def schedule(engine) -> StepPlan:
     for r in cancelled:
         engine.drop(r)
 
+    for slot in engine.slots:  # llama-server's pre_decode: a full context shifts (--context-shift)
+        if engine.context_shift and slot.state is SlotState.GENERATING and slot.n + 1 >= slot.n_ctx:
+            engine.shift_context(slot)
     n_batch, n_out = engine.n_batch, engine.n_outputs_max
     segments: List[Segment] = []
     draft_only = [s for s in engine.slots if s.state is SlotState.GENERATING and s.needs_draft]

@@ -62,6 +62,7 @@ class Slot:
         self.asked = 0                   # GENERATING: the draft length asked for them
         self.needs_draft = False         # GENERATING: no draft yet (a prompt held already): draft first
         self.length = None               # the request's adaptive draft length (draft_max="auto")
+        self.synth_rng = None            # synthetic acceptance: the request's random generator
         self.prompt_rows: List[np.ndarray] = []  # echo with logprobs: the prompt's rows so far
         self.step_tokens: List[int] = []  # sampled earlier in the step being run
         self.last_used = 0               # when it last ended a request (the engine's step count)
@@ -92,6 +93,19 @@ class Slot:
         self.rows = {p: r for p, r in self.rows.items() if p < n}
         self.recent = {p: r for p, r in self.recent.items() if p < n}
 
+    def shifted(self, n_keep: int, n_discard: int) -> None:
+        """A context shift took positions ``n_keep .. n_keep + n_discard - 1`` out of both contexts
+        and moved the later ones back: the tokens and rows follow, the checkpoints go."""
+        n, cut = self.n, n_keep + n_discard
+        self.tokens[n_keep : n - n_discard] = self.tokens[cut:n].copy()
+
+        def moved(rows: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
+            return {p if p < n_keep else p - n_discard: r for p, r in rows.items() if p < n_keep or p >= cut}
+
+        self.rows, self.recent = moved(self.rows), moved(self.recent)
+        self.n = n - n_discard
+        self.checkpoints.clear()
+
     def forget(self) -> None:
         """Nothing held (the caller removed the sequence from both contexts)."""
         self.keep(0, None)
@@ -106,7 +120,7 @@ class Slot:
             self.sampler.close()
             self.sampler = None
         self.state = SlotState.IDLE
-        self.last, self.drafts, self.asked, self.length = None, [], 0, None
+        self.last, self.drafts, self.asked, self.length, self.synth_rng = None, [], 0, None, None
         self.needs_draft = False
         self.stops, self.tail, self.prompt_rows = {}, None, []
         return r

@@ -33,7 +33,7 @@ from .requests import ModelAccess, Plan, cache_prompt
 
 #: llama-server's fields that change nothing here: the sampler chain is the binding's own order,
 #: the others shape what this server does not do
-IGNORED = ("samplers", "n_keep", "n_cache_reuse", "min_keep", "dynatemp_exponent",
+IGNORED = ("samplers", "n_keep", "n_discard", "n_cache_reuse", "min_keep", "dynatemp_exponent",
            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
            "repeat_last_n", "sse_ping_interval", "top_n_sigma", "message_delimiters",
            "model")
@@ -154,6 +154,12 @@ def _slot(job) -> int:
     """The engine slot a job ran on (0 before it reached one)."""
     r = getattr(job, "request", None)
     return r.slot if r is not None and r.slot is not None else 0
+
+
+def _truncated(job) -> bool:
+    """llama-server's ``truncated``: the slot's context filled (it shifted, or the answer ended there)."""
+    r = getattr(job, "request", None)
+    return bool(getattr(r, "truncated", False))
 
 
 def completion(body: dict, model: ModelAccess) -> List[Tuple[Plan, Options]]:
@@ -355,16 +361,17 @@ class Responder:
         word = next((s for s in self.options.stop if s and s in rest), "")
         return ("word", word) if word else ("eos", "")
 
-    def final(self, text: str, token_ids: List[int], timings: Optional[dict], finish_reason, slot: int = 0) -> dict:
+    def final(self, text: str, token_ids: List[int], timings: Optional[dict], finish_reason, slot: int = 0,
+              truncated: bool = False) -> dict:
         """The last answer: ``text`` the whole answer's, ``token_ids`` every token sampled, ``slot``
-        the engine slot it ran on."""
+        the engine slot it ran on, ``truncated`` whether its context filled."""
         t = timings or {}
         stop_type, word = self._stop(text, finish_reason, token_ids)
         res = {"index": self.options.index, "content": "" if self.plan.stream else text,
                "tokens": list(token_ids) if self.options.return_tokens and not self.plan.stream else [],
                "id_slot": slot, "stop": True, "model": self.model.alias, "tokens_predicted": len(token_ids),
                "tokens_evaluated": self.options.n_prompt, "generation_settings": self.options.settings,
-               "prompt": self.options.prompt_text, "has_new_line": "\n" in text, "truncated": False,
+               "prompt": self.options.prompt_text, "has_new_line": "\n" in text, "truncated": truncated,
                "stop_type": stop_type, "stopping_word": word,
                "tokens_cached": t.get("cache_n", 0) + t.get("prompt_n", 0) + len(token_ids), "timings": t}
         if self.options.response_fields:
@@ -374,7 +381,7 @@ class Responder:
     def response(self, out: dict, job) -> dict:
         choice = out["choices"][0]
         res = self.final(choice.get("text", ""), job.token_ids, out.get("timings"), choice.get("finish_reason"),
-                         _slot(job))
+                         _slot(job), _truncated(job))
         if self.options.n_probs and not self.options.response_fields:
             res["completion_probabilities"] = self.probabilities(choice.get("logprobs"))
         return res
@@ -433,7 +440,8 @@ class Responder:
                 event["completion_probabilities"] = self.probabilities(choice.get("logprobs"))
             out.append(event)
         if choice.get("finish_reason") is not None:
-            out.append(self.final(self.text, job.token_ids, chunk.get("timings"), choice["finish_reason"], _slot(job)))
+            out.append(self.final(self.text, job.token_ids, chunk.get("timings"), choice["finish_reason"], _slot(job),
+                                  _truncated(job)))
         return out
 
     def end(self) -> List[str]:

@@ -53,7 +53,7 @@ __all__ = [
     "VOCABS",
 ]
 
-from .vocab import VOCABS, write_vocab  # noqa: E402
+from .vocab import CHATML_TOKENS, VOCABS, chars_vocab, write_vocab  # noqa: E402
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -334,10 +334,19 @@ def _agreement_plan(
     return plan, emb
 
 
+def _end_tokens(n_vocab: int, vocab: str, words) -> List[int]:
+    """The tokens that end a generation: the last one, and ChatML's end of turn where there is one."""
+    out = [n_vocab - 1]
+    if vocab.startswith("chars"):
+        texts = chars_vocab(n_vocab, vocab, words)[0]
+        out += [texts.index(CHATML_TOKENS[1])] if CHATML_TOKENS[1] in texts else []
+    return out
+
+
 def make_tiny_mtp_model(
     path: PathLike, *, seed: int = 0, agreement: Optional[float] = None, vocab: str = "test",
     context_length: int = _N_CTX, chat_template: Optional[str] = None, n_vocab: int = N_VOCAB,
-    vocab_words=(),
+    vocab_words=(), quiet_ends: bool = False,
 ) -> Path:
     """Write a tiny ``qwen35`` GGUF with 2 trunk layers and 1 NextN (MTP) block.
 
@@ -382,7 +391,9 @@ def make_tiny_mtp_model(
     :data:`CHAT_TEMPLATE`); ``n_vocab``: its vocabulary's size (another than :data:`N_VOCAB` only
     with random weights: the agreement design needs orthonormal embeddings, ``V <= E``; the
     last token ends generation); ``vocab_words``: words a ``chars`` vocabulary spells as one token
-    each (:func:`.vocab.chars_vocab`).
+    each (:func:`.vocab.chars_vocab`). ``quiet_ends`` (random weights): the end-of-generation
+    tokens' output rows are zero, so neither the target's text nor the head's drafts end by
+    themselves (as a trained story model seldom ends mid-sentence).
     """
     if agreement is not None and n_vocab != N_VOCAB:
         raise ValueError(f"agreement models have {N_VOCAB} tokens; n_vocab={n_vocab} needs agreement=None")
@@ -395,6 +406,8 @@ def make_tiny_mtp_model(
         t.normal("token_embd.weight", (V, E), 1.0)
         t.norm("output_norm.weight", E, 0.1)
         t.normal("output.weight", (V, E))
+        if quiet_ends:
+            t.items[-1][1][_end_tokens(V, vocab, vocab_words)] = 0.0
         _qwen35_trunk(t, n_trunk, interval, None, 0.1)
         _qwen35_mtp_block(t, n_trunk, None, None, 0.1)
     else:

@@ -54,8 +54,9 @@ STANDINS = {
     "tinyllama.gguf": dict(kind="plain", vocab="chars-bytes"),
     # ggml-org/test-model-stories260K-infill: the FIM tokens /infill needs
     "tinyllama-infill.gguf": dict(kind="plain", vocab="chars-fim"),
-    # ggml-org/stories15M_MOE, the speculative tests' target: an MTP head (random) drafts for it
-    "tiny-mtp.gguf": dict(kind="mtp", vocab="chars-bytes"),
+    # ggml-org/stories15M_MOE, the speculative tests' target: an MTP head (random) drafts for it;
+    # like the story models, it does not end a text by itself (nor draft an end: test_synth_*)
+    "tiny-mtp.gguf": dict(kind="mtp", vocab="chars-bytes", quiet_ends=True),
 }
 CONTEXT_LENGTH = 4096
 
@@ -112,7 +113,7 @@ def write_standins(models: Path, words=()) -> None:
         kw = dict(vocab=spec["vocab"], context_length=CONTEXT_LENGTH, chat_template=CHATML,
                   n_vocab=n_vocab, vocab_words=words)
         if spec["kind"] == "mtp":
-            make_tiny_mtp_model(models / name, **kw)
+            make_tiny_mtp_model(models / name, quiet_ends=spec.get("quiet_ends", False), **kw)
         else:
             make_tiny_model(models / name, **kw)
 
