@@ -9,7 +9,9 @@ does in ``oaicompat_chat_params_parse`` and its task's ``update_chat_msg``:
    ``--chat-template`` / ``--chat-template-file``'s;
 2. :meth:`ChatTemplates.apply` (``common_chat_templates_apply``): the messages, tools,
    ``tool_choice``, ``parallel_tool_calls``, ``json_schema``, ``reasoning_format``,
-   ``enable_thinking``, ``add_generation_prompt`` and ``chat_template_kwargs`` give the prompt,
+   ``enable_thinking``, ``add_generation_prompt``, ``continue_final_message`` (a last assistant
+   message continued: asked for, or llama-server's ``prefill_assistant``) and
+   ``chat_template_kwargs`` give the prompt,
    a grammar that may be lazy (its triggers), the preserved tokens, the additional stops and a
    parser (:class:`ChatParams`);
 3. the generation runs with that grammar (:class:`~llama_metaws.engine.samplers.ChatGrammar`),
@@ -72,6 +74,7 @@ class ChatOptions:
     use_jinja: bool = True                    # --jinja / --no-jinja
     reasoning_budget: int = -1                # --reasoning-budget (-1: unrestricted)
     reasoning_budget_message: str = ""        # --reasoning-budget-message
+    prefill_assistant: bool = True            # --[no-]prefill-assistant: a last assistant message continued
 
     def __post_init__(self):
         if self.reasoning_format not in REASONING_FORMATS:
@@ -161,6 +164,7 @@ class ChatRequest:
     stop: List[str] = dataclasses.field(default_factory=list)
     reasoning_budget: int = -1           # tokens of thinking at most (-1: unrestricted)
     reasoning_budget_message: str = ""
+    continuation: bool = False           # continue_final_message asked for (not prefill_assistant's)
     params: Optional[ChatParams] = None  # once applied
 
     def applied(self, templates: ChatTemplates) -> ChatParams:
@@ -208,17 +212,41 @@ def _json_schema(response_format, json_schema):
     return json_schema
 
 
+def _continued(messages, continue_final_message, add_generation_prompt: bool, prefill_assistant: bool):
+    """``continue_final_message`` and ``add_generation_prompt`` as llama-server settles them: a
+    request's ``continue_final_message`` (true, ``"content"`` or ``"reasoning_content"``, as
+    ``common_chat_continuation_parse`` reads it; anything else is none), else with
+    ``prefill_assistant`` a last assistant message is continued (and the generation prompt left
+    off); the refusals are its own. Also whether the request asked for it."""
+    asked = continue_final_message is True or continue_final_message in ("content", "reasoning_content")
+    value = continue_final_message if asked else None
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    if value is None and prefill_assistant and last.get("role") == "assistant":
+        if len(messages) >= 2 and isinstance(messages[-2], dict) and messages[-2].get("role") == "assistant":
+            raise _refused("Cannot have 2 or more assistant messages at the end of the list.", "messages")
+        value, add_generation_prompt = True, False
+    if value is not None and add_generation_prompt:
+        raise _refused("Cannot set both add_generation_prompt and continue_final_message to true.",
+                       "continue_final_message")
+    if value is not None and last.get("role") == "assistant" and last.get("tool_calls"):
+        raise _refused("Cannot continue an assistant message that contains tool calls.", "messages")
+    return value, add_generation_prompt, asked
+
+
 def chat_request(templates: ChatTemplates, messages, *, tools=None, tool_choice=None, parallel_tool_calls=None,
                  response_format=None, json_schema=None, grammar: Optional[str] = None, stop=None,
                  reasoning_format: Optional[str] = None, chat_template_kwargs: Optional[dict] = None,
-                 add_generation_prompt: bool = True, reasoning_effort: Optional[str] = None,
-                 reasoning_budget_tokens: Optional[int] = None, thinking_budget_tokens: Optional[int] = None,
+                 add_generation_prompt: bool = True, continue_final_message=None,
+                 reasoning_effort: Optional[str] = None, reasoning_budget_tokens: Optional[int] = None,
+                 thinking_budget_tokens: Optional[int] = None,
                  reasoning_budget_message: Optional[str] = None) -> ChatRequest:
     """An OpenAI chat request as the layer's inputs, read as llama-server reads it
     (``oaicompat_chat_params_parse``); a :class:`ChatLayerError` for what it refuses."""
     opts = templates.options
     if not isinstance(messages, list):
         raise _refused("Expected 'messages' to be an array", "messages")
+    continued, add_generation_prompt, asked = _continued(
+        messages, continue_final_message, bool(add_generation_prompt), opts.prefill_assistant)
     if tools is not None and not isinstance(tools, list):
         raise _refused(f"Expected 'tools' to be an array, got {json.dumps(tools)}", "tools")
     choice, tools = _tool_choice(tool_choice, tools)
@@ -254,6 +282,8 @@ def chat_request(templates: ChatTemplates, messages, *, tools=None, tool_choice=
               "json_schema": json.dumps(schema) if schema is not None else "", "grammar": grammar or "",
               "parallel_tool_calls": bool(parallel_tool_calls), "add_generation_prompt": bool(add_generation_prompt),
               "reasoning_format": rf, "enable_thinking": enable_thinking, "chat_template_kwargs": kwargs}
+    if continued is not None:
+        inputs["continue_final_message"] = continued
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     budget = reasoning_budget_tokens if reasoning_budget_tokens is not None else thinking_budget_tokens
     if budget is None or budget == -1:
@@ -263,19 +293,21 @@ def chat_request(templates: ChatTemplates, messages, *, tools=None, tool_choice=
                        "reasoning_budget_tokens")
     message = reasoning_budget_message if reasoning_budget_message is not None else opts.reasoning_budget_message
     return ChatRequest(inputs=inputs, reasoning_format=rf, user_grammar=grammar or None, stop=stops,
-                       reasoning_budget=budget, reasoning_budget_message=str(message))
+                       reasoning_budget=budget, reasoning_budget_message=str(message), continuation=asked)
 
 
 class MessageParser:
     """The parse of one generation (``common_chat_parse``): :meth:`update` with each piece of
-    text, ``partial`` while more may come; the message so far and its diffs from the last one."""
+    text, ``partial`` while more may come; the message so far and its diffs from the last one.
+    ``continuation``: the request's ``continue_final_message``, whose text (in the generation
+    prompt) the first diff then leaves out, as llama-server's does."""
 
-    def __init__(self, params: ChatParams, reasoning_format: str, stream: bool):
+    def __init__(self, params: ChatParams, reasoning_format: str, stream: bool, continuation: bool = False):
         doc = {"format": params.format, "reasoning_format": reasoning_format,
                # llama-server: deepseek-legacy keeps the thinking inline in a stream's content
                "reasoning_in_content": bool(stream and reasoning_format == "deepseek-legacy"),
                "generation_prompt": params.generation_prompt, "parse_tool_calls": True,
-               "parser": params.parser}
+               "parser": params.parser, "is_continuation": bool(continuation)}
         ptr = ffi.new("struct lmws_chat_parser **")
         check_error(lib.lmws_chat_parser_init(_text(json.dumps(doc)), ptr))
         self._handle = ffi.gc(ptr[0], lib.lmws_chat_parser_free)
@@ -353,7 +385,7 @@ def run_chat(llm, templates: ChatTemplates, request: ChatRequest, *, stream: boo
     params = request.applied(templates)
     preserved = preserved_ids(llm, params)
     stops = request.stop + [s for s in params.additional_stops if s not in request.stop]
-    parser = MessageParser(params, request.reasoning_format, stream)
+    parser = MessageParser(params, request.reasoning_format, stream, request.continuation)
     # the binding's completion generator on the engine (a served model's, with its checks)
     budget = None
     if request.reasoning_budget >= 0 and params.thinking_start_tag and params.thinking_end_tags:
@@ -452,11 +484,14 @@ def create_chat_completion(llm, templates: ChatTemplates, messages=None, functio
                            logits_processor=None, grammar=None, logit_bias=None, logprobs=None,
                            top_logprobs=None, parallel_tool_calls=None, reasoning_format=None,
                            chat_template_kwargs=None, reasoning_effort=None, reasoning_budget_tokens=None,
-                           reasoning_budget_message=None, stream_usage: bool = False,
+                           reasoning_budget_message=None, add_generation_prompt: bool = True,
+                           continue_final_message=None, stream_usage: bool = False,
                            request: Optional[ChatRequest] = None):
     """``Llama.create_chat_completion`` through the layer (the binding's arguments, plus
     ``parallel_tool_calls``, ``reasoning_format``, ``chat_template_kwargs``, ``reasoning_effort``,
-    ``reasoning_budget_tokens`` and ``reasoning_budget_message`` as llama-server takes them); ``request``: one :func:`chat_request`
+    ``reasoning_budget_tokens``, ``reasoning_budget_message``, ``add_generation_prompt`` and
+    ``continue_final_message`` as llama-server takes them: a last assistant message is continued,
+    as llama-server's ``prefill_assistant`` does by default); ``request``: one :func:`chat_request`
     made already (the server's), which then stands for the messages and their options."""
     if request is None:
         if functions and not tools:  # OpenAI's older form of tools
@@ -471,7 +506,9 @@ def create_chat_completion(llm, templates: ChatTemplates, messages=None, functio
                                grammar=text, stop=stop, reasoning_format=reasoning_format,
                                chat_template_kwargs=chat_template_kwargs, reasoning_effort=reasoning_effort,
                                reasoning_budget_tokens=reasoning_budget_tokens,
-                               reasoning_budget_message=reasoning_budget_message)
+                               reasoning_budget_message=reasoning_budget_message,
+                               add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message)
     n_logprobs = (top_logprobs or 0) if logprobs else None
     out = run_chat(llm, templates, request, stream=stream, model=model, stream_usage=stream_usage,
                    temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,

@@ -218,6 +218,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="token budget for thinking: -1 for unrestricted (the default), 0 for an immediate end, N")
     p.add_argument("--reasoning-budget-message", default="", metavar="MESSAGE",
                    help="injected before the end-of-thinking tag when the budget is exhausted (default: none)")
+    p.add_argument("--prefill-assistant", dest="prefill_assistant", action="store_true", default=True,
+                   help="a chat whose last message is the assistant's continues that message (the default)")
+    p.add_argument("--no-prefill-assistant", dest="prefill_assistant", action="store_false",
+                   help="a last assistant message is a whole message: the answer is a new one")
     p.add_argument("--slots", dest="slots", action="store_true", default=True,
                    help="serve GET /slots (the default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve GET /slots")
@@ -255,7 +259,8 @@ def chat_options(args: argparse.Namespace):
     return ChatOptions(reasoning_format=getattr(args, "reasoning_format", "deepseek"), reasoning=reasoning,
                        chat_template_kwargs=kwargs, use_jinja=getattr(args, "jinja", True),
                        reasoning_budget=getattr(args, "reasoning_budget", -1),
-                       reasoning_budget_message=getattr(args, "reasoning_budget_message", ""))
+                       reasoning_budget_message=getattr(args, "reasoning_budget_message", ""),
+                       prefill_assistant=getattr(args, "prefill_assistant", True))
 
 
 def llama_kwargs(args: argparse.Namespace) -> dict:

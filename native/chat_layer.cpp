@@ -184,8 +184,9 @@ int lmws_chat_templates_info(const struct lmws_chat_templates * t, char ** out) 
 
 // inputs: {"messages": [...], "tools": [...], "tool_choice": "auto"|"required"|"none",
 // "json_schema": "<schema text>"|"", "grammar": "", "parallel_tool_calls": bool,
-// "add_generation_prompt": bool, "reasoning_format": "<name>", "enable_thinking": bool,
-// "chat_template_kwargs": {"<key>": "<JSON text>"}, "use_jinja": bool}
+// "add_generation_prompt": bool, "continue_final_message": true|"content"|"reasoning_content"
+// (absent: none; read by common_chat_continuation_parse), "reasoning_format": "<name>",
+// "enable_thinking": bool, "chat_template_kwargs": {"<key>": "<JSON text>"}, "use_jinja": bool}
 int lmws_chat_templates_apply(const struct lmws_chat_templates * t, const char * inputs_json, char ** out) {
     if (t == nullptr || inputs_json == nullptr || out == nullptr) {
         return fail(LMWS_EINVAL, "lmws_chat_templates_apply: NULL argument");
@@ -201,6 +202,9 @@ int lmws_chat_templates_apply(const struct lmws_chat_templates * t, const char *
         inputs.use_jinja             = bool_or(in, "use_jinja", true);
         inputs.parallel_tool_calls   = bool_or(in, "parallel_tool_calls", false);
         inputs.add_generation_prompt = bool_or(in, "add_generation_prompt", true);
+        if (in.contains("continue_final_message")) {
+            inputs.continue_final_message = common_chat_continuation_parse(in.at("continue_final_message"));
+        }
         inputs.reasoning_format      = common_reasoning_format_from_name(str_or(in, "reasoning_format", "none"));
         inputs.enable_thinking       = bool_or(in, "enable_thinking", true);
         if (in.contains("chat_template_kwargs")) {
@@ -237,7 +241,10 @@ int lmws_chat_templates_apply(const struct lmws_chat_templates * t, const char *
 }
 
 // params: {"format": int, "reasoning_format": "<name>", "reasoning_in_content": bool,
-// "generation_prompt": "...", "parse_tool_calls": bool, "parser": "<the apply's parser>"}
+// "generation_prompt": "...", "parse_tool_calls": bool, "parser": "<the apply's parser>",
+// "is_continuation": bool}; a continuation (a request's continue_final_message) starts from the
+// parse of no text, as llama-server's task_result_state does, so that the first diff does not
+// repeat the continued message's text (the generation prompt holds it)
 int lmws_chat_parser_init(const char * params_json, struct lmws_chat_parser ** out) {
     if (params_json == nullptr || out == nullptr) {
         return fail(LMWS_EINVAL, "lmws_chat_parser_init: NULL argument");
@@ -259,6 +266,10 @@ int lmws_chat_parser_init(const char * params_json, struct lmws_chat_parser ** o
             const std::string parser        = str_or(in, "parser", "");
             if (!parser.empty()) {
                 ps->params.parser.load(parser);
+            }
+            ps->params.is_continuation = bool_or(in, "is_continuation", false);
+            if (ps->params.is_continuation) {
+                ps->msg = common_chat_parse("", true, ps->params);
             }
         } catch (...) {
             delete ps;

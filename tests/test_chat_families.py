@@ -2,8 +2,9 @@
 models whose vocabularies hold the families' special tokens as control or user-defined tokens:
 thinking plus text forced by a grammar without tools, one tool call and two parallel calls forced
 by ``tool_choice`` through the chat layer's own grammar, each plain and streamed, parsed by
-llama.cpp's chat layer into ``reasoning_content``, ``content`` and ``tool_calls``. Greedy output
-with MTP drafting equals the output without, under those grammars."""
+llama.cpp's chat layer into ``reasoning_content``, ``content`` and ``tool_calls``. A last assistant
+message is continued, as llama-server continues it. Greedy output with MTP drafting equals the
+output without, under those grammars."""
 
 import json
 
@@ -252,6 +253,27 @@ def test_a_tool_result_and_reasoning_go_back_to_the_template(llms):
     assert "I should call it" in prompt  # the last assistant turn's reasoning, as the template keeps it
     assert "<function=get_weather>" in prompt and "<parameter=city>\nParis" in prompt
     assert "<tool_response>\nsunny\n</tool_response>" in prompt
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_last_assistant_message_is_continued_as_llama_server_continues_it(llms, stream):
+    """``Llama.create_chat_completion`` as llama-server's chat: a last assistant message is
+    continued (prefill_assistant, on by default; ``continue_final_message``), the thinking block
+    closed, the answer's content that message and what follows; a stream's deltas leave the
+    message out only where continue_final_message asked for it; llama-server's refusals."""
+    from llama_metaws.errors import ChatLayerError
+
+    llm = llms("Qwen3.5-4B.jinja")
+    prefilled = ASK + [{"role": "assistant", "content": "Paris is"}]
+    sunny = 'root ::= " sunny."'  # a request's grammar: what follows the message
+    for kw, content in (({}, "Paris is sunny."), ({"continue_final_message": True, "add_generation_prompt": False},
+                                                  " sunny." if stream else "Paris is sunny.")):
+        msg, finish = chat(llm, stream, messages=prefilled, grammar=sunny, max_tokens=16, **kw)
+        assert (msg["content"], msg["reasoning_content"], finish) == (content, "", "stop")
+    with pytest.raises(ChatLayerError, match="Cannot set both add_generation_prompt and continue_final_message"):
+        chat(llm, stream, messages=prefilled, continue_final_message=True, max_tokens=2)
+    with pytest.raises(ChatLayerError, match="Cannot have 2 or more assistant messages at the end"):
+        chat(llm, stream, messages=prefilled + [{"role": "assistant", "content": "sunny"}], max_tokens=2)
 
 
 @pytest.fixture(scope="module")

@@ -275,7 +275,8 @@ BAD = {
         c, max_tokens=None, max_completion_tokens=-1)),
     "empty prompt": (400, "prompt", lambda c: _complete(c, prompt="")),
     "two prompts": (400, "prompt", lambda c: _complete(c, prompt=["a b", "c d"])),
-    "no messages": (400, "messages", lambda c: c.chat.completions.create(model="tiny-mtp", messages=[])),
+    "messages not a list": (400, "messages", lambda c: c.chat.completions.create(
+        model="tiny-mtp", messages=[], extra_body={"messages": "hello"})),
     "n=0 (completions)": (400, "n", lambda c: _complete(c, n=0)),
     "n=17 (chat)": (400, "n", lambda c: _chat(c, n=17)),
     "best_of=3": (400, "best_of", lambda c: _complete(c, best_of=3)),

@@ -220,8 +220,21 @@ def test_count_tokens_counts_the_prompt_a_message_runs(oai, claude):
     assert n == usage.prompt_tokens
 
 
+def test_an_empty_messages_list_is_answered_as_llama_server_answers_it(oai, claude, server):
+    """llama-server takes ``messages: []`` (the system prompt, if any, and the template's
+    generation prompt make the prompt): a message, as the chat completion of the same (empty)
+    conversation; without ``messages`` it is a 400."""
+    m = claude.messages.create(model="tiny", max_tokens=N, system="be brief", messages=[])
+    choice, usage = _chat(oai, [{"role": "system", "content": "be brief"}])
+    assert m.type == "message" and m.role == "assistant" and m.content[0].text == choice.message.content
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == usage.prompt_tokens
+    assert claude.messages.count_tokens(model="tiny", messages=[]).input_tokens > 0
+    status, body = server.json("POST", "/v1/messages", {"model": "tiny", "max_tokens": N})
+    assert status == 400 and body["type"] == "error" and "'messages' is required" in body["error"]["message"]
+
+
 @pytest.mark.parametrize("body", [
-    {"max_tokens": 4, "messages": []},
+    {"max_tokens": 4, "messages": "hello"},
     {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
     {"max_tokens": 4, "messages": [{"role": "robot", "content": "x"}]},
     {"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]},

@@ -1,8 +1,10 @@
 """``/v1/chat/completions`` and ``/apply-template`` on llama.cpp's chat layer: a server on a tiny MTP
 model (drafting on) with the vendored Qwen3.5-4B template (``--chat-template-file``, read from the
 patched tree), its vocabulary holding the family's special tokens. The official ``openai`` client
-round-trips tool calls in a two-turn agent loop; a custom grammar beside tools, a template that
-refuses the messages, bad tools and a huge schema each get a 400, and the server goes on."""
+round-trips tool calls in a two-turn agent loop; a last assistant message is continued (llama-server's
+prefill_assistant, continue_final_message); a custom grammar beside tools, a template that refuses
+the messages, bad tools, a huge schema and a continuation llama-server refuses each get a 400, and
+the server goes on."""
 
 import json
 
@@ -10,10 +12,10 @@ import openai
 import pytest
 
 from llama_metaws.native.runtime import require_build
-from llama_metaws.testing import EOS_TOKEN, N_VOCAB, make_tiny_mtp_model
+from llama_metaws.testing import EOS_TOKEN, N_VOCAB, make_tiny_model, make_tiny_mtp_model
 from llama_metaws.testing.vocab import chat_vocab
 from llama_metaws.testing.chat_tools import WEATHER
-from serving import Server
+from serving import Server, error_of
 
 TEMPLATE = require_build().src_dir / "models" / "templates" / "Qwen3.5-4B.jinja"
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
@@ -25,6 +27,11 @@ STEER = {"chat_template_kwargs": {"enable_thinking": False},
          "logit_bias": {str(TOKENS["<tool_call>"]): 50, str(EOS_TOKEN): 100, str(TOKENS["<|im_end|>"]): -100,
                         str(TOKENS["<|endoftext|>"]): -100}}
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+CALLED = {"role": "assistant", "content": "", "reasoning_content": "I will look",
+          "tool_calls": [{"id": "c1", "type": "function", "function": {
+              "name": "get_weather", "arguments": "{\"hot\": true}"}}]}
+PREFILLED = ASK + [{"role": "assistant", "content": "Paris is"}]
+CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
 FORCED = ("thinking it over\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=hot>\ntrue\n"
           "</parameter>\n</function>\n</tool_call>")
 
@@ -105,16 +112,56 @@ def test_a_two_turn_agent_loop_with_the_openai_client(client):
 
 
 def test_apply_template_shows_the_prompt_with_the_call_and_its_result(server):
-    messages = ASK + [{"role": "assistant", "content": "", "reasoning_content": "I will look",
-                       "tool_calls": [{"id": "c1", "type": "function", "function": {
-                           "name": "get_weather", "arguments": "{\"hot\": true}"}}]},
-                      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    messages = ASK + [CALLED, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
     status, _, body = server.request("POST", "/apply-template", {"messages": messages, "tools": [WEATHER]})
     assert status == 200, body
     prompt = json.loads(body)["prompt"]
     assert "<function=get_weather>\n<parameter=hot>\nTrue" in prompt  # the template writes Jinja's True
     assert "<tool_response>\nsunny\n</tool_response>" in prompt and "I will look" in prompt
     assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+
+
+def test_a_last_assistant_message_is_continued_as_llama_server_prefills_it(server, client):
+    """llama-server's prefill_assistant (on by default) and a request's continue_final_message:
+    the prompt ends with the message's text (the thinking closed, no new turn), as /apply-template
+    and the __verbose prompt that ran show; the answer's content begins with that text, which a
+    stream's deltas leave out only where the request asked for continue_final_message."""
+    for extra in ({}, CONTINUE):
+        status, _, raw = server.request("POST", "/apply-template", dict(messages=PREFILLED, **extra))
+        assert status == 200 and json.loads(raw)["prompt"].endswith(
+            "Weather in Paris?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nParis is"), raw
+    status, _, raw = server.request("POST", "/v1/chat/completions", {"messages": PREFILLED, "max_tokens": 2,
+                                                                    "verbose": True})
+    assert status == 200 and json.loads(raw)["__verbose"]["prompt"].endswith("</think>\n\nParis is"), raw
+    req = dict(model="qwen", messages=PREFILLED, temperature=0, max_tokens=8)
+    whole = client.chat.completions.create(**req, extra_body=CONTINUE).choices[0].message.content
+    assert whole.startswith("Paris is") and whole != "Paris is", whole
+    for extra, shown in (({}, whole), (CONTINUE, whole[len("Paris is"):])):
+        chunks = client.chat.completions.create(**req, stream=True, extra_body=extra)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == shown
+    with pytest.raises(openai.BadRequestError) as e:  # add_generation_prompt stays true (its default)
+        client.chat.completions.create(**req, extra_body={"continue_final_message": True})
+    err = error_of(e)
+    assert "Cannot set both add_generation_prompt and continue_final_message" in err["message"]
+    assert err["param"] == "continue_final_message"
+
+
+def test_no_prefill_assistant_renders_a_last_assistant_message_whole(models_dir, tmp_path):
+    """--no-prefill-assistant: a last assistant message is a whole turn and a new one is asked for
+    (two at the end are taken then); continue_final_message still continues it."""
+    model = make_tiny_model(models_dir / "server-chat-chars.gguf", seed=3, vocab="chars")
+    srv = Server(model, "--chat-template", "chatml", "-c", "256", "--no-prefill-assistant",
+                 log_path=tmp_path / "no-prefill.log")
+    try:
+        status, out = srv.json("POST", "/apply-template", {"messages": PREFILLED})
+        assert status == 200 and out["prompt"].endswith("assistant\nParis is<|im_end|>\n<|im_start|>assistant\n")
+        status, out = srv.json("POST", "/apply-template", dict(messages=PREFILLED, **CONTINUE))
+        assert status == 200 and out["prompt"].endswith("<|im_start|>assistant\nParis is"), out
+        status, out = srv.json("POST", "/v1/chat/completions", {
+            "messages": PREFILLED + [{"role": "assistant", "content": "sunny"}], "max_tokens": 2})
+        assert status == 200, out
+    finally:
+        srv.kill()
 
 
 @pytest.mark.parametrize("body,param", [
@@ -127,6 +174,9 @@ def test_apply_template_shows_the_prompt_with_the_call_and_its_result(server):
     ({"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "^[a-z]{1,3}$"} for i in range(3000)},
         "required": [f"p{i}" for i in range(3000)]}}}}, "response_format"),   # a huge schema
+    # llama-server's refusals of a continued message
+    ({"messages": PREFILLED + [{"role": "assistant", "content": "sunny"}]}, "messages"),  # two at the end
+    ({"messages": ASK + [CALLED]}, "messages"),                                 # a message with tool calls
 ])
 def test_what_the_chat_layer_refuses_is_a_400_and_the_server_goes_on(server, client, body, param):
     status, _, raw = server.request("POST", "/v1/chat/completions", dict(body, max_tokens=4))

@@ -4,7 +4,9 @@ route, as llama-server maps it.
 A request becomes a chat completion request (:func:`to_chat`) and runs as one; the answer becomes
 a ``message`` (:class:`Responder`), and a stream Anthropic's events.
 
-Request: ``messages`` (``user`` / ``assistant``; content a string or blocks: ``text``,
+Request: ``messages`` (``user`` / ``assistant``, an empty list too, as llama-server takes it; a
+last ``assistant`` message is continued, as llama-server's chat continues it, the answer's text
+beginning with it; content a string or blocks: ``text``,
 ``tool_use`` (an assistant's tool call, its ``input`` the arguments), ``tool_result`` (a user's
 answer to one: a ``tool`` message), ``thinking`` (an assistant's reasoning, sent back to the
 template as ``reasoning_content``); ``redacted_thinking`` is dropped; ``image`` and ``document``
@@ -126,8 +128,10 @@ def to_chat(body: dict) -> dict:
     if unknown:
         raise _bad(f"{unknown[0]}: Extra inputs are not permitted", unknown[0])
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages: a non-empty list is required", "messages")
+    if messages is None:
+        raise _bad("'messages' is required", "messages")
+    if not isinstance(messages, list):  # llama-server reads it as no messages
+        raise _bad("messages: a list is expected", "messages")
     chat: Dict = {"messages": []}
     if body.get("system") is not None:
         chat["messages"].append({"role": "system", "content": _text_blocks(body["system"], "system")})

@@ -24,7 +24,7 @@ from .errors import RequestError
 #: the request fields the chat layer reads (besides messages), as llama-server names them
 CHAT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "json_schema", "grammar",
                "stop", "reasoning_format", "chat_template_kwargs", "reasoning_effort", "add_generation_prompt",
-               "reasoning_budget_tokens", "thinking_budget_tokens", "reasoning_budget_message")
+               "continue_final_message", "reasoning_budget_tokens", "thinking_budget_tokens", "reasoning_budget_message")
 
 
 def check_content(messages) -> List[dict]:

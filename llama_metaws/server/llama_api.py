@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 from .errors import LLAMA, RequestError
-from .requests import ModelAccess, Plan, cache_prompt
+from .requests import ModelAccess, Plan, cache_prompt, check_messages
 
 #: llama-server's fields that change nothing here: the sampler chain is the binding's own order,
 #: the others shape what this server does not do
@@ -502,7 +502,5 @@ def apply_template(body: dict, model: ModelAccess) -> dict:
     layer, as for ``/v1/chat/completions``)."""
     from .chat import request_of
 
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(400, "'messages' must be a non-empty list", param="messages", code="invalid_value")
+    check_messages(body)
     return {"prompt": request_of(body, model).params.prompt}

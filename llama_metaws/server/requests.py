@@ -36,8 +36,9 @@ OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata",
 
 #: llama-server's own chat fields, for its chat layer: ``reasoning_format`` (none, auto,
 #: deepseek, deepseek-legacy), ``chat_template_kwargs`` (``enable_thinking``, ...),
-#: ``json_schema``, ``add_generation_prompt``, the reasoning budget's
+#: ``json_schema``, ``add_generation_prompt``, ``continue_final_message``, the reasoning budget's
 LLAMA_SERVER_CHAT = {"reasoning_format", "chat_template_kwargs", "json_schema", "add_generation_prompt",
+                     "continue_final_message",
                      "reasoning_budget_tokens", "thinking_budget_tokens", "reasoning_budget_message"}
 
 #: llama-server's own fields its OpenAI routes take too: ``cache_prompt`` (true, the default:
@@ -481,9 +482,7 @@ def chat(body: dict, model: ModelAccess) -> Plan:
                                param="max_completion_tokens", code="invalid_value")
         body = dict(body, max_tokens=body["max_completion_tokens"])
     n_choices = choices_wanted(body)
-    if not body.get("messages"):
-        raise RequestError(400, "no messages: send a non-empty 'messages' list", param="messages",
-                           code="invalid_value")
+    check_messages(body)
     body = _defaults(model, body, "max_tokens")
     # the binding's types check the fields' types; response_format is the chat layer's to read
     # (OpenAI's json_schema form, which the binding's type lacks, included)
@@ -504,18 +503,27 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     if plan.verbose:  # llama-server's __verbose shows the prompt's tokens as they run, BOS included
         shown = model.tokenize(chat_req.params.prompt, add_bos=True, special=True, tokens={})
         plan.prompt_text = model.llm.detokenize(shown, special=True).decode("utf-8", "replace")
+    if plan.n_prompt == 0:
+        raise RequestError(400, "the chat template renders these messages as an empty prompt: send a message",
+                           param="messages", code="invalid_value")
     model.check_context(plan.n_prompt, "messages")
     return plan
+
+
+def check_messages(body: dict) -> None:
+    """A chat's ``messages``: a list, as llama-server takes it (an empty one too: the template
+    renders what it renders, its generation prompt at least)."""
+    if "messages" not in body:
+        raise RequestError(400, "'messages' is required", param="messages", code="invalid_value")
+    if not isinstance(body["messages"], list):
+        raise RequestError(400, "Expected 'messages' to be an array", param="messages", code="invalid_value")
 
 
 def chat_input_tokens(body: dict, model: ModelAccess) -> dict:
     """``POST /v1/chat/completions/input_tokens`` (llama-server's token count): the tokens the
     prompt of a chat request with these ``messages`` (and ``tools``) has, as it would run;
     nothing is generated and no other field is needed."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(400, "no messages: send a non-empty 'messages' list", param="messages",
-                           code="invalid_value")
+    check_messages(body)
     fields = {k: body[k] for k in ("messages", "tools", "tool_choice") if k in body}
     prompt = _chat.request_of(fields, model).params.prompt
     return {"input_tokens": len(model.tokenize(prompt, add_bos=False, special=True, tokens={})) + model.n_specials}

@@ -12,11 +12,13 @@ of grammars, ``response_format`` and tool calls.
 
 ``"chars-bytes"`` and ``"chars-fim"`` (at least :data:`MIN_FULL_VOCAB` tokens): ``chars`` plus
 the 256 byte tokens ``<0x00>`` .. ``<0xFF>``, so any UTF-8 text tokenizes (SentencePiece spells
-a character it has no token for in bytes), and special (control) tokens before the filler
-words: ChatML's ``<|im_start|>`` and ``<|im_end|>`` (an end-of-turn token, as llama.cpp reads
-that name); ``"chars-fim"`` also Qwen's fill-in-the-middle tokens (``<|fim_prefix|>``,
-``<|fim_suffix|>``, ``<|fim_middle|>``, ``<|fim_pad|>``, ``<|repo_name|>``, ``<|file_sep|>``),
-named in the GGUF's ``tokenizer.ggml.fim_*_token_id`` keys: a model ``/infill`` can serve. These
+a character it has no token for in bytes), as the llama2.c vocabularies of llama.cpp's test
+models do. Neither has ChatML's markers as special tokens (those models have none, and read
+llama.cpp's ChatML fallback as text: a special token would put SentencePiece's space before the
+text after it, ``<|im_start|>▁assistant``, which is not the generation prompt the chat layer's
+grammars begin with); ``"chars-fim"`` has Qwen's fill-in-the-middle tokens (``<|fim_prefix|>``,
+``<|fim_suffix|>``, ``<|fim_middle|>``, ``<|fim_pad|>``, ``<|repo_name|>``, ``<|file_sep|>``)
+as control tokens, named in the GGUF's ``tokenizer.ggml.fim_*_token_id`` keys: a model ``/infill`` can serve. These
 two add BOS to a prompt, as a llama model's SentencePiece vocabulary does (the others add
 nothing). ``words``: also each word's prefixes as SentencePiece pieces (``▁w``, ``▁wo``, ...,
 ``▁word``, each scoring its length so the longest wins), so those words tokenize as one token each,
@@ -53,7 +55,6 @@ CHAT_FAMILIES = {
 
 VOCABS = ("test", "chars", "chars-bytes", "chars-fim", "fim") + tuple(f"chat-{f}" for f in CHAT_FAMILIES)
 
-CHATML_TOKENS = ["<|im_start|>", "<|im_end|>"]
 # FIM token -> its GGUF key (tokenizer.ggml.fim_KEY_token_id)
 FIM_TOKENS = {"<|fim_prefix|>": "pre", "<|fim_suffix|>": "suf", "<|fim_middle|>": "mid",
               "<|fim_pad|>": "pad", "<|repo_name|>": "rep", "<|file_sep|>": "sep"}
@@ -96,8 +97,7 @@ def chars_vocab(n_vocab: int, kind: str = "chars", words=()) -> Tuple[List[str],
     T = gguf.TokenType
     printable = ["\u2581" if c == " " else c for c in map(chr, range(32, 127))]
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if kind in ("chars-bytes", "chars-fim") else ["<0x0A>"]
-    specials = {"chars": [], "fim": list(FIM_TOKENS), "chars-bytes": CHATML_TOKENS,
-                "chars-fim": CHATML_TOKENS + list(FIM_TOKENS)}[kind]
+    specials = {"chars": [], "fim": list(FIM_TOKENS), "chars-bytes": [], "chars-fim": list(FIM_TOKENS)}[kind]
     # single characters score below longer pieces, so SentencePiece merges into the pieces
     rows = ([("<unk>", 0.0, T.UNKNOWN), ("<s>", 0.0, T.CONTROL)]
             + [(c, -1.0, T.NORMAL) for c in printable] + [(b, -1.0, T.BYTE) for b in byte_tokens]

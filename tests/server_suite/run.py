@@ -44,13 +44,13 @@ CHATML = (
 )
 
 # the stand-ins (the shim's STANDIN_BY_REPO names them): a characters vocabulary with byte
-# tokens (any UTF-8 text tokenizes), ChatML's special tokens and the words of the suite's own
-# texts as one token each (so its prompts take about as many tokens as the real vocabularies
+# tokens (any UTF-8 text tokenizes; ChatML's markers are text, as in the real llama2.c
+# vocabularies, see llama_metaws.testing.vocab) and the words of the suite's own texts as one token each (so its prompts take about as many tokens as the real vocabularies
 # give them: "Hello " * 248 fits 256), a 4096-token training context (the presets ask for up to
 # 2048)
 STANDINS = {
     # ggml-org/test-model-stories260K: llama.cpp falls back to ChatML for a model without a
-    # template, so the stand-in carries ChatML
+    # template, so the stand-in carries ChatML's template (its markers tokenized as text)
     "tinyllama.gguf": dict(kind="plain", vocab="chars-bytes"),
     # ggml-org/test-model-stories260K-infill: the FIM tokens /infill needs
     "tinyllama-infill.gguf": dict(kind="plain", vocab="chars-fim"),
