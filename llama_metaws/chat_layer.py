@@ -318,6 +318,18 @@ class MessageParser:
         self.message = out["message"]
         return out["message"], out["diffs"]
 
+    def finish(self, text: str, reason: Optional[str]):
+        """The last :meth:`update` of a generation that ended with ``reason``. One the token budget
+        cut (``length``) in the middle of what the format reads whole (a tool call half written)
+        is read as far as it goes, as a stream's partial parses read it, and keeps its
+        ``length``: llama-server answers it with an error, after the tokens were spent."""
+        try:
+            return self.update(text, False)
+        except ChatLayerError:
+            if reason != "length":
+                raise
+            return self.update("", True)  # the text was taken before the whole parse failed
+
 
 def message_json(msg: dict) -> dict:
     """The parsed message as llama-server answers it (``common_chat_msg::to_json_oaicompat``)."""
@@ -398,7 +410,7 @@ def run_chat(llm, templates: ChatTemplates, request: ChatRequest, *, stream: boo
         return _chat_stream(chunks, parser, model or llm.model_path)
     res = list(chunks)[-1]
     choice = res["choices"][0]
-    msg, _ = parser.update(choice["text"], False)
+    msg, _ = parser.finish(choice["text"], choice["finish_reason"])
     return {"id": f"chatcmpl-{uuid.uuid4()}", "object": "chat.completion", "created": res["created"],
             "model": res["model"], "choices": [{"index": 0, "message": message_json(msg),
                                                 "logprobs": _chat_logprobs(choice["logprobs"]),
@@ -433,7 +445,8 @@ def _chat_stream(chunks, parser: MessageParser, model_name: str) -> Iterator[dic
                 first = False
                 yield chunk({"role": "assistant", "content": None})
             final = choice["finish_reason"] is not None
-            msg, diffs = parser.update(choice["text"], not final)
+            msg, diffs = parser.finish(choice["text"], choice["finish_reason"]) if final else \
+                parser.update(choice["text"], True)
             pieces = [chunk(delta_json(d)) for d in diffs]
             if choice.get("logprobs") and pieces:
                 pieces[-1]["choices"][0]["logprobs"] = _chat_logprobs(choice["logprobs"])

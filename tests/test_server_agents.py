@@ -233,6 +233,27 @@ def test_an_empty_messages_list_is_answered_as_llama_server_answers_it(oai, clau
     assert status == 400 and body["type"] == "error" and "'messages' is required" in body["error"]["message"]
 
 
+def test_output_config_s_format_is_structured_output_and_its_effort_the_chat_s(oai, claude, server):
+    """The 2026 clients' ``output_config``: ``format`` a JSON schema the answer's text follows (the
+    chat layer's grammar, as the chat route's ``response_format``), ``effort`` the chat's
+    ``reasoning_effort``; the clients' other new fields (``cache_control``, ...) are taken."""
+    schema = {"type": "object", "properties": {"hot": {"type": "boolean"}}, "required": ["hot"],
+              "additionalProperties": False}
+    m = claude.messages.create(model="tiny", max_tokens=32, messages=[{"role": "user", "content": "hot?"}],
+                               output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"},
+                               cache_control={"type": "ephemeral"})
+    text = m.content[0].text
+    assert isinstance(json.loads(text)["hot"], bool), text
+    same = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hot?"}], max_tokens=32,
+                                       temperature=0, reasoning_effort="low", response_format={
+                                           "type": "json_schema", "json_schema": {"name": "output", "schema": schema}})
+    assert same.choices[0].message.content == text
+    for bad in ({"format": {"type": "xml"}}, {"effort": 3}, "high"):
+        status, body = server.json("POST", "/v1/messages", {"model": "tiny", "max_tokens": 4, "output_config": bad,
+                                                            "messages": [{"role": "user", "content": "x"}]})
+        assert status == 400 and body["type"] == "error" and "output_config" in body["error"]["message"]
+
+
 @pytest.mark.parametrize("body", [
     {"max_tokens": 4, "messages": "hello"},
     {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},

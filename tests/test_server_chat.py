@@ -227,3 +227,61 @@ def test_a_reasoning_budget_per_request_ends_the_thinking(server):
     assert thought and "Done.".endswith(thought), thought
     status, _, raw = server.request("POST", "/v1/chat/completions", {"messages": ASK, "reasoning_budget_tokens": -5})
     assert status == 400 and json.loads(raw)["error"]["param"] == "reasoning_budget_tokens"
+
+
+def test_an_assistant_turn_sent_back_as_the_client_returned_it(client, server):
+    """OpenAI's agent loop appends the returned message object itself: the client sends its
+    ``content: null`` beside the tool calls (and OpenAI's ``developer`` role, which llama.cpp's
+    chat layer reads as ``system``); both are a turn llama-server takes."""
+    first = client.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER], tool_choice="required",
+                                           temperature=0, max_tokens=96, extra_body=STEER)
+    # as OpenAI answers a call (content null; this server answers "", as llama-server), every
+    # field of the client's message object sent back, its nulls included
+    turn = first.choices[0].message.model_copy(update={"content": None})
+    assert turn.tool_calls and "function_call" in turn.model_dump()
+    messages = [{"role": "developer", "content": "Answer in one word."}, *ASK, turn,
+                {"role": "tool", "tool_call_id": turn.tool_calls[0].id, "content": "sunny"}]
+    second = client.chat.completions.create(model="qwen", messages=messages, tools=[WEATHER], temperature=0,
+                                            max_tokens=4, extra_body=NO_THINKING)
+    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    status, _, body = server.request("POST", "/apply-template", {"messages": [
+        {"role": "developer", "content": "Answer in one word."}, *ASK,
+        {"role": "assistant", "content": None, "tool_calls": CALLED["tool_calls"]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], "tools": [WEATHER]})
+    assert status == 200, body
+    prompt = json.loads(body)["prompt"]
+    assert prompt.startswith("<|im_start|>system\n") and "Answer in one word." in prompt
+    assert "<function=get_weather>" in prompt
+
+
+@pytest.mark.parametrize("messages,words", [
+    ([{"role": "user"}], "All non-assistant messages must contain 'content'"),
+    ([{"role": "assistant"}], "Assistant message must contain either 'content' or 'tool_calls'"),
+    ([{"role": 7, "content": "x"}], "messages[0].role: a string is expected"),
+    ([{"role": "user", "content": 7}], "Expected 'content' to be a string or an array"),
+    (["hello"], "messages[0]: an object is expected"),
+])
+def test_malformed_messages_are_a_400_in_llama_server_s_words(server, messages, words):
+    status, _, body = server.request("POST", "/v1/chat/completions", {"messages": messages, "max_tokens": 2})
+    assert status == 400, body
+    assert words in json.loads(body)["error"]["message"]
+
+
+CITY = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("max_tokens", [12, 40])
+def test_a_call_the_token_budget_cuts_is_read_as_far_as_it_goes(client, max_tokens):
+    """A forced call cut by max_tokens halfway (a string argument the random model goes on
+    writing): finish_reason "length" and the message parsed as far as it goes (a stream's
+    partial parse), not an error after the tokens were spent."""
+    kw = dict(model="qwen", messages=ASK, tools=[CITY], tool_choice="required", temperature=0,
+              max_tokens=max_tokens, extra_body={"logit_bias": STEER["logit_bias"]})  # thinking on
+    res = client.chat.completions.create(**kw)
+    assert res.choices[0].finish_reason == "length" and res.usage.completion_tokens == max_tokens
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    names = [tc.function.name for c in chunks for tc in c.choices[0].delta.tool_calls or []
+             if tc.function and tc.function.name]
+    assert names == [tc.function.name for tc in res.choices[0].message.tool_calls or []]

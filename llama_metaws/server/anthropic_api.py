@@ -15,8 +15,11 @@ are refused: no model here takes them), ``system`` (a string or text blocks), ``
 ``top_k``, ``stream``, ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
 (``auto``, ``any``: a call is forced, ``tool``: that one, ``none``; ``disable_parallel_tool_use``),
 ``thinking`` (``{"type": "enabled", "budget_tokens": N}``: the template's ``enable_thinking`` and
-the reasoning budget, as llama-server maps it; ``"disabled"``: no thinking), ``metadata``, and
-llama-server's own ``chat_template_kwargs``, ``logit_bias`` and ``cache_prompt``.
+the reasoning budget, as llama-server maps it; ``"disabled"``: no thinking), ``metadata``,
+``output_config`` (``format``: a JSON schema the answer's text follows, through the chat layer's
+grammar; ``effort``: the chat's ``reasoning_effort``), Anthropic's ``cache_control``,
+``inference_geo``, ``speed`` and ``diagnostics`` (accepted without effect), and llama-server's own
+``chat_template_kwargs``, ``logit_bias`` and ``cache_prompt``.
 Errors are in Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``.
 
 Answer: ``content`` holds a ``thinking`` block (the chat's ``reasoning_content``, an empty
@@ -42,7 +45,8 @@ from .errors import ANTHROPIC, RequestError
 DEFAULT_MAX_TOKENS = 4096  # llama-server's, for a request without max_tokens
 _KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
           "tools", "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers",
-          "context_management"} | {"chat_template_kwargs", "logit_bias", "cache_prompt"}
+          "context_management", "output_config", "cache_control", "inference_geo", "speed", "diagnostics"} | \
+    {"chat_template_kwargs", "logit_bias", "cache_prompt"}
 #: llama-server's own fields, passed to the chat request as they are (not Anthropic's)
 LLAMA_SERVER_FIELDS = ("logit_bias", "cache_prompt")
 
@@ -184,9 +188,33 @@ def to_chat(body: dict) -> dict:
             chat["thinking_budget_tokens"] = thinking["budget_tokens"]  # as llama-server maps it
     if kwargs:
         chat["chat_template_kwargs"] = kwargs
+    chat.update(_output_config(body.get("output_config")))
     if chat.get("stream"):
         chat["stream_options"] = {"include_usage": True}
     return chat
+
+
+def _output_config(config) -> dict:
+    """Anthropic's ``output_config`` as chat fields: ``format`` (``{"type": "json_schema", "schema":
+    ...}``, structured output) the chat layer's JSON schema grammar, ``effort`` OpenAI's
+    ``reasoning_effort`` (the template's ``reasoning_effort``, as llama-server passes it on)."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise _bad("output_config: an object is expected", "output_config")
+    out: Dict = {}
+    fmt = config.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise _bad("output_config.format: {\"type\": \"json_schema\", \"schema\": {...}} is expected",
+                       "output_config")
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+    effort = config.get("effort")
+    if effort is not None:
+        if not isinstance(effort, str):
+            raise _bad("output_config.effort: a string is expected", "output_config")
+        out["reasoning_effort"] = effort
+    return out
 
 
 def _usage(timings: Optional[dict], n_prompt: int = 0) -> dict:

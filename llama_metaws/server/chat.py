@@ -43,15 +43,35 @@ def check_content(messages) -> List[dict]:
     return messages
 
 
-def parts_joined(messages) -> List[dict]:
-    """The messages with each list of text parts as one string: what the binding's request type
-    checks (it takes a string as an assistant's content); the layer gets them as sent."""
-    out = []
-    for m in check_content(messages):
-        if isinstance(m, dict) and isinstance(m.get("content"), list):
-            m = dict(m, content="\n".join(part["text"] for part in m["content"]))
-        out.append(m)
-    return out
+def checked_messages(messages) -> List[dict]:
+    """The messages as llama-server's ``oaicompat_chat_params_parse`` checks them (a 400 in its
+    words): a list of objects with a string role; every message but an assistant's has a
+    ``content``, an assistant's a ``content`` or ``tool_calls`` (``content: null`` beside tool
+    calls, as OpenAI's clients send an assistant turn back); a content is a string, null or a
+    list of text parts. Roles are the template's to read: llama.cpp's chat layer maps OpenAI's
+    ``developer`` to ``system`` (but for GPT-OSS, whose template has it) and refuses what it
+    cannot render."""
+    if not isinstance(messages, list):
+        raise RequestError(400, "Expected 'messages' to be an array", param="messages", code="invalid_value")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise RequestError(400, f"messages[{i}]: an object is expected", param="messages", code="invalid_value")
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise RequestError(400, f"messages[{i}].role: a string is expected", param="messages",
+                               code="invalid_value")
+        if role == "assistant":
+            if "content" not in m and "tool_calls" not in m:
+                raise RequestError(400, "Assistant message must contain either 'content' or 'tool_calls'!",
+                                   param="messages", code="invalid_value")
+        elif "content" not in m:
+            raise RequestError(400, "All non-assistant messages must contain 'content'", param="messages",
+                               code="invalid_value")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise RequestError(400, f"messages[{i}].content: Expected 'content' to be a string or an array",
+                               param="messages", code="invalid_value")
+    return check_content(messages)
 
 
 def request_of(body: dict, model) -> ChatRequest:

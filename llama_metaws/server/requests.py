@@ -484,9 +484,12 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     n_choices = choices_wanted(body)
     check_messages(body)
     body = _defaults(model, body, "max_tokens")
-    # the binding's types check the fields' types; response_format is the chat layer's to read
-    # (OpenAI's json_schema form, which the binding's type lacks, included)
-    req = validate(chat_type, dict(body, response_format=None, messages=_chat.parts_joined(body["messages"])))
+    # the binding's types check the other fields' types; the messages are checked as llama-server
+    # checks them (the binding's message types refuse OpenAI's developer role and an assistant's
+    # null content beside its tool calls), then read by the chat layer; response_format is the
+    # chat layer's to read (OpenAI's json_schema form, which the binding's type lacks, included)
+    _chat.checked_messages(body["messages"])
+    req = validate(chat_type, dict(body, response_format=None, messages=[]))
     chat_req = _chat.request_of(chat_body, model)
     kwargs = req.model_dump(exclude=_NOT_KWARGS | set(_chat.CHAT_FIELDS) | {"messages", "functions", "function_call"})
     plan = _plan("chat", req, kwargs, "messages", model)

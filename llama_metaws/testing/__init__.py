@@ -53,7 +53,7 @@ __all__ = [
     "VOCABS",
 ]
 
-from .vocab import CHATML_TOKENS, VOCABS, chars_vocab, write_vocab  # noqa: E402
+from .vocab import VOCABS, chars_vocab, write_vocab  # noqa: E402
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -339,7 +339,7 @@ def _end_tokens(n_vocab: int, vocab: str, words) -> List[int]:
     out = [n_vocab - 1]
     if vocab.startswith("chars"):
         texts = chars_vocab(n_vocab, vocab, words)[0]
-        out += [texts.index(CHATML_TOKENS[1])] if CHATML_TOKENS[1] in texts else []
+        out += [texts.index("<|im_end|>")] if "<|im_end|>" in texts else []
     return out
 
 
