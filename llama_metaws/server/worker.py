@@ -380,10 +380,13 @@ class ModelWorker:
 
     def _end(self, job: Job, kind: str, value: Any = None) -> None:
         """The job's last item. The job stops counting as running first: a client that sends
-        its next request as soon as it has this answer finds its place free."""
+        its next request as soon as it has this answer finds its place free, and its slot's
+        last job in ``GET /slots`` (the answer may reach the client before the runner is done)."""
         with self._lock:
             if job in self._running:
                 self._running.remove(job)
+            if job.request is not None and job.request.slot is not None:
+                self._last[job.request.slot] = job
         job.put(kind, value)
 
     def _check(self, job: Job) -> bool:
