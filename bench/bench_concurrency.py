@@ -97,13 +97,13 @@ def prompts(n: int, n_tokens: int) -> List[str]:
 
 def server_cmds(name: str, tools: dict, model: Path, port: int, a: argparse.Namespace) -> List[str]:
     common = ["-m", str(model), "--port", str(port), "-np", str(N_PARALLEL), "-c", str(N_CTX), "-fa", "on",
-              "-t", str(a.threads)]
+              "-t", str(a.threads), "-tb", str(a.threads)]
     k = "auto" if name.endswith("auto") else name.rsplit("k=", 1)[1] if "k=" in name else str(DRAFT_MAX)
     spec = ["--spec-type", "draft-mtp", "--spec-draft-n-max", k]
     if name.startswith("serve"):
         cmd = [sys.executable, "-m", "llama_metaws", "serve", *common, "--metrics"]
         return cmd + spec + ["--phase-aware-workspace"] if "no drafting" not in name else cmd
-    cmd = [str(tools["llama-server"]), "--host", "127.0.0.1", *common, "-tb", str(a.threads), "-ngl", "0", "--metrics"]
+    cmd = [str(tools["llama-server"]), "--host", "127.0.0.1", *common, "-ngl", "0", "--metrics"]
     return cmd + spec if "draft-mtp" in name else cmd
 
 

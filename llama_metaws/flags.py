@@ -136,7 +136,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=4096)
     p.add_argument("-b", "--batch-size", type=int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=int, default=512)
-    p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("-t", "--threads", type=int, default=None,
+                   help="threads for generation (default: the binding's, half the cores)")
+    p.add_argument("-tb", "--threads-batch", type=int, default=None,
+                   help="threads for batches and prompts (default: -t's value where -t is given, as "
+                   "llama-server's; else the binding's, every core)")
     p.add_argument("--no-mmap", action="store_true")
     p.add_argument("-nkvo", "--no-kv-offload", action="store_true",
                    help="keep the KV cache in host memory (offload_kqv=False); under -sm tensor each "
@@ -300,6 +304,14 @@ def llama_kwargs(args: argparse.Namespace) -> dict:
         kw["n_gpu_layers"] = args.n_gpu_layers
     if args.threads is not None:
         kw["n_threads"] = args.threads
+    # llama-server's -tb falls back to -t: a server given -t 1 and pinned to one core ran each
+    # batch on as many threads as there are cores (the binding's n_threads_batch default), a
+    # thread spinning at ggml's barriers for a core that the other held
+    threads_batch = getattr(args, "threads_batch", None)
+    if threads_batch is None:
+        threads_batch = args.threads
+    if threads_batch is not None:
+        kw["n_threads_batch"] = threads_batch
     if args.seed != -1:
         kw["seed"] = args.seed
     return kw

@@ -439,3 +439,9 @@ def test_serve_flags_follow_llama_server():
     auto = flags.llama_kwargs(p.parse_args(["serve", "-m", "x", "-sm", "tensor", "--device", "CPU,CPU"]))
     assert "flash_attn" not in auto  # auto: Llama turns it on under tensor split
     assert p.parse_args(["serve", "-m", "x"]).port == 8080
+    # -tb as llama-server's: -t's value unless given; neither given, the binding's defaults
+    one = flags.llama_kwargs(p.parse_args(["serve", "-m", "x", "-t", "1"]))
+    assert (one["n_threads"], one["n_threads_batch"]) == (1, 1)
+    both = flags.llama_kwargs(p.parse_args(["serve", "-m", "x", "-t", "1", "--threads-batch", "2"]))
+    assert (both["n_threads"], both["n_threads_batch"]) == (1, 2)
+    assert "n_threads_batch" not in flags.llama_kwargs(p.parse_args(["serve", "-m", "x"]))
