@@ -389,3 +389,86 @@ def test_the_target_is_timed_on_steps_whose_tokens_are_all_output_rows(full_path
     assert prompt_sizes and costs.target.sizes, (prompt_sizes, costs.target.sizes)
     for n in costs.target.sizes:
         assert costs.target(n) == pytest.approx(target(n, n)), (n, costs.target.values, prompt_sizes)
+
+
+# --------------------------------------------------------------------------------------------
+# the margin, the scouts, and the drift after drafts cut short
+
+
+def _tile(n):
+    """A CPU whose 2- and 3-token batches cost a decode a token, and whose 4-token batch fills a
+    kernel's tile (the bench shape on one thread: 1, 1.9, 2.9, 2.4 decodes)."""
+    return 0.010 * {1: 1.0, 2: 1.9, 3: 2.9, 4: 2.4}.get(n, 0.6 * n)
+
+
+TILE = dict(target=_tile, catch_up=lambda n: 0.0002 * n, draft=lambda m: 0.0015 * m)
+
+
+def test_a_draft_must_beat_a_plain_step_by_the_margin():
+    # a draft of one token that yields 1.05x (then 1.2x) the plain step's rate
+    for gain, drafts in ((1.05, False), (1.2, True)):
+        policy = DraftPolicy(FixedCosts(target=lambda n, g=gain: 0.010 * (1 if n == 1 else 2 / g)))
+        assert (policy.choose([([1.0] * CAP, 1)]) == [1]) is drafts, gain
+    assert 1.05 < DraftPolicy.MARGIN < 1.2
+
+
+def test_a_slot_whose_limit_alone_holds_it_back_scouts_at_its_limit():
+    policy = DraftPolicy(FixedCosts(**TILE))
+    p = [1.0] * CAP
+    assert policy.choose([(p, CAP)]) == [3]  # no limit: the tile's draft pays, 1 and 2 do not
+    assert policy.choose([(p, CAP)], limits=[1]) == [1]  # a fresh slot: a probe of one, a scout
+    assert policy.choose([(p, CAP)], limits=[2]) == [2]
+    assert policy.choose([(p, CAP)], limits=[4]) == [3]  # within the limit: the best length
+    # a head that agrees at one half: no draft pays, limits or not, and nothing scouts
+    assert policy.choose([([0.5] * CAP, CAP)], limits=[1]) == [0]
+    # four fresh slots on a machine whose batch costs one decode up to 4 tokens and two beyond
+    # (up to 40): all four drafting long pays, one short draft does not. One scouts a step, in turn
+    policy = DraftPolicy(FixedCosts(target=lambda n: 0.010 if n <= 4 else 0.021, draft=lambda m: 0.0001))
+    assert policy.choose([(p, CAP)] * 4, limits=[1] * 4) == [1, 0, 0, 0]
+    steps = [policy.choose([(p, CAP)] * 4, limits=[1] * 4) for _ in range(4)]
+    assert all(sorted(k) == [0, 0, 0, 1] for k in steps), steps
+    assert [k.index(1) for k in steps] == [1, 2, 3, 0], steps  # the turn went on from the first scout
+
+
+def _simulate(costs, agreement, steps, seed=7):
+    """One slot's ``steps`` steps of AdaptiveLength and DraftPolicy against a head that agrees at
+    random with ``agreement`` (each draft token in turn); the lengths drafted, step by step."""
+    import random
+
+    rng = random.Random(seed)
+    policy, length = DraftPolicy(costs), AdaptiveLength()
+    out = []
+    for _ in range(steps):
+        length.drift()
+        k = policy.choose([(length.p, CAP)], limits=[length.limit])[0]
+        if k:
+            kept = 0
+            while kept < k and rng.random() < agreement:
+                kept += 1
+            length.update(k, kept)
+        out.append(k)
+    return out
+
+
+def test_scouts_reach_a_long_draft_where_the_head_agrees_and_thin_out_where_it_does_not():
+    costs = FixedCosts(**TILE)
+    agree = _simulate(costs, 1.0, 64)
+    assert agree[:2] == [1, 2] and set(agree[2:]) == {3}, agree  # scouts of 1 and 2, then the tile
+    never = _simulate(costs, 0.0, 64)
+    assert 1 <= sum(1 for k in never if k) <= 2 and max(never) == 1, never  # probes of one, twice at most
+    half = _simulate(costs, 0.5, 64)
+    assert sum(1 for k in half if k) <= 4, half
+
+
+def test_a_draft_cut_short_halves_the_drift():
+    a = AdaptiveLength()
+    a.update(1, 1)
+    a.update(2, 2)
+    assert a.misses == 0
+    a.update(4, 2)  # two tokens kept of four: cut short, not a miss
+    assert a.misses == 1 and a.limit == 4
+    before = list(a.p)
+    a.drift()
+    assert a.p[2] - before[2] == pytest.approx(AdaptiveLength.RETRY / 2)
+    a.update(4, 4)
+    assert a.misses == 0

@@ -432,13 +432,13 @@ class Engine:
                 length.update(v.drafted, v.accepted)
                 self.length_prior = length  # the next request's estimates start here
             length.drift()
-        caps = [min(cap, v.segment.slot.length.limit) for v, cap in zip(going, caps)]  # a probe, or twice what was kept
         base = 0  # the next step's prompt tokens, as far as they are known now
         for v in verdicts:
             seg = v.segment
             if seg.kind == "prompt" and not seg.ends_prompt and v.finish is None:
                 base += min(seg.slot.prompt_end - (seg.pos0 + seg.n), self.n_batch)
-        return self.policy.choose([(v.segment.slot.length.p, cap) for v, cap in zip(going, caps)], base)
+        return self.policy.choose([(v.segment.slot.length.p, cap) for v, cap in zip(going, caps)], base,
+                                  [v.segment.slot.length.limit for v in going])  # a probe, or twice what was kept
 
     def decode_target(self, b: Batch, phase: str = "decoding") -> None:
         rc = llama_cpp.llama_decode(self.target.ctx, b.batch)

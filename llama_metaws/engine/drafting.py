@@ -57,8 +57,10 @@ class AdaptiveLength:
     the next is at most ``2 a`` long, and after one that kept every token twice the limit
     (:attr:`limit`: the length grows by doubling, as far as the cap, even where the policy chose
     a shorter draft than the limit allowed, a batch size cheaper than the next ones). Each
-    miss in a row halves the drift (up to :attr:`BACKOFF` times), so the probes thin out while
-    the head keeps disagreeing. A new request's estimates start from ``prior``'s (the engine
+    draft in a row that was cut short (a miss, or a token rejected further on) halves the drift
+    (up to :attr:`BACKOFF` times), so the probes and scouts thin out while the head keeps
+    disagreeing (at 0.02 a step, a depth given up at one half was tried again every dozen
+    steps). A new request's estimates start from ``prior``'s (the engine
     passes the slot that verified a draft last): the same model pair tends to agree as often on
     the next request, and a fresh start would probe again.
     """
@@ -71,7 +73,7 @@ class AdaptiveLength:
 
     def __init__(self, prior: Optional["AdaptiveLength"] = None) -> None:
         self.p = list(prior.p) if prior is not None else [1.0] * self.CAP
-        self.misses = prior.misses if prior is not None else 0  # drafts rejected at once, in a row
+        self.misses = prior.misses if prior is not None else 0  # drafts cut short, in a row
         self.limit = prior.limit if prior is not None else 1    # see the class docstring
 
     @property
@@ -80,7 +82,7 @@ class AdaptiveLength:
 
     def drift(self) -> None:
         """A step starts: the estimates drift up, so a depth given up is tried again now and then
-        (more slowly after each miss in a row)."""
+        (more slowly after each draft cut short in a row)."""
         step = self.RETRY * 0.5 ** min(self.misses, self.BACKOFF)
         self.p = [min(1.0, p + step) for p in self.p]
 
@@ -95,8 +97,8 @@ class AdaptiveLength:
         for d in range(min(drafted, accepted + 1)):  # depths with a verdict
             hit = 1.0 if d < accepted else 0.0
             self.p[d] += self.RATE * (hit - self.p[d])
-        if drafted:
-            self.misses = self.misses + 1 if accepted == 0 else 0
+        if drafted:  # cut short (a miss, or a rejection further on): the drift halves again
+            self.misses = self.misses + 1 if accepted < drafted else 0
             # every token kept: twice the limit (the policy may have drafted less than it allowed,
             # where that batch size was cheaper: the limit must not hold it there)
             grown = max(accepted, self.limit) if accepted == drafted else accepted

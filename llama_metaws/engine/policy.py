@@ -24,7 +24,12 @@ shared: drafting for one slot makes every slot's step longer.
 - **The choice** (:meth:`DraftPolicy.choose`): starting from no draft anywhere, each slot in
   turn, those whose drafts yield most first, takes the length (0 to its cap) that gives the
   step the most expected tokens per second given the others' lengths, until none changes; a
-  plain decode step (``k = 0``) where no draft pays.
+  plain decode step (``k = 0``) where no draft pays by a margin (:attr:`DraftPolicy.MARGIN`:
+  near break-even the costs' noise decides, and the estimates start at full acceptance). A
+  slot's limit (a probe of one token first, then twice what it kept) bounds its length; where
+  the limit alone keeps a slot from a draft that would pay, the slot *scouts*: it drafts its
+  limit, and what it keeps doubles the limit (on a CPU a 2-token batch can cost two decodes,
+  and only a longer draft pays).
 
 Depths given up are tried again now and then: every step each estimate drifts up a little
 (``AdaptiveLength.RETRY``, less after each draft in a row whose first token was rejected; the
@@ -205,6 +210,11 @@ class DraftPolicy:
     #: and every this many, one slot drafts a length whose target batch was never timed and
     #: could pay, if any is (the shortest such, up to what acceptance alone would draft)
     FILL = 8
+    #: a step with drafts is chosen over a plain one only where its rate is this much higher:
+    #: near break-even a draft is a bet that the costs' noise decides (on a CPU the same batch
+    #: timed 10% apart between the prior and the steps), at acceptance estimates that start at
+    #: one, and a lost bet costs more than a won one gains
+    MARGIN = 1.1
 
     def __init__(self, costs: Optional[StepCosts] = None) -> None:
         self.costs = costs if costs is not None else StepCosts()
@@ -213,21 +223,31 @@ class DraftPolicy:
         self.every = self.EXPLORE  # the wait between explores
         self.next_explore = self.EXPLORE  # the step that explores next
 
-    def choose(self, slots: Sequence[Tuple[Sequence[float], int]], base_tokens: int = 0) -> List[int]:
+    def choose(self, slots: Sequence[Tuple[Sequence[float], int]], base_tokens: int = 0,
+               limits: Optional[Sequence[int]] = None) -> List[int]:
         """Draft lengths for the slots of the next step: each is ``(p, cap)``, its per-depth
         acceptance estimates and the longest draft it may take; ``base_tokens``: the batch's other
-        tokens (prompt chunks). Until a cost is measured every slot drafts its cap.
+        tokens (prompt chunks); ``limits``: each slot's :attr:`~.drafting.AdaptiveLength.limit`
+        (a probe's length, or twice what its last draft kept; None: the caps alone). Until a cost
+        is measured every slot drafts its cap (within its limit).
 
         The step's rate, ``sum(expected tokens) / step seconds``, is maximized one slot at a time
-        (each slot's best length given the others', every length from 0 to its cap, since a draft
-        decode is a fixed cost per depth that one token alone may not pay and three may), over
-        the slots in turn until no slot changes."""
+        (each slot's best length given the others', every length from 0 to its cap within its
+        limit, since a draft decode is a fixed cost per depth that one token alone may not pay and
+        three may), over the slots in turn until no slot changes; a step with drafts must beat
+        one without by :attr:`MARGIN`. Where a slot's limit alone keeps it from a draft that would
+        pay (on a CPU, where a batch of 2 costs twice one token and only a longer draft can pay),
+        one slot, in turn, *scouts*: it drafts its limit, so that what it keeps grows the limit
+        towards that draft (see :meth:`_scout`)."""
         caps = [max(0, min(cap, len(p))) for p, cap in slots]
+        held = caps if limits is None else [min(c, max(0, int(x))) for c, x in zip(caps, limits)]
         if not self.costs.known:
-            return caps
+            return held
         self.steps += 1
         yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
-        k = self._best(yields, base_tokens)
+        k = self._best(yields, base_tokens, held)
+        if held != caps:
+            self._scout(k, held, self._best(yields, base_tokens, caps))
         if any(k):  # drafting pays now: explore at the first rate again
             self.every = self.EXPLORE
             self.next_explore = min(self.next_explore, self.steps + self.every)
@@ -237,30 +257,46 @@ class DraftPolicy:
                 self.every = min(2 * self.every, self.EXPLORE_MAX)
             self.next_explore = self.steps + self.every
         if self.costs.measured and (explore or fill):  # the acceptance lengths only when needed
-            wanted = [acceptance_length(p, cap) for (p, _), cap in zip(slots, caps)]
+            wanted = [min(acceptance_length(p, cap), h) for (p, _), cap, h in zip(slots, caps, held)]
             self._try_one(k, wanted, yields, base_tokens, explore)
         return k
 
+    def _scout(self, k: List[int], held: Sequence[int], free: Sequence[int]) -> None:
+        """A scout (in place): the first slot, from :attr:`turn` on, whose best length ``k`` is
+        short of its limit ``held`` where the best length without limits (``free``) is longer
+        than the limit drafts its limit. A fresh slot's limit is one token: a probe that is cheap
+        where the head disagrees; kept, it doubles the limit, so a draft long enough to pay is
+        reached in a few steps. One slot a step: a scout is bought for the engine."""
+        for i in range(len(k)):
+            s = (self.turn + i) % len(k)
+            if free[s] > held[s] > k[s]:
+                k[s] = held[s]
+                self.turn = s + 1
+                return
+
     def _rate(self, ks: Sequence[int], yields: List[List[float]], base_tokens: int, least: bool = False) -> float:
         """A step's expected tokens per second with draft lengths ``ks`` (``least``: at the least
-        its target batch can cost)."""
+        its target batch can cost); a step with drafts is weighed at its seconds times
+        :attr:`MARGIN`."""
         depths = [sum(1 for x in ks if x > d) for d in range(max(ks, default=0))]
         seconds = self.costs.step(base_tokens + sum(1 + x for x in ks), depths, least)
+        if depths:
+            seconds *= self.MARGIN
         tokens = sum(y[x] for y, x in zip(yields, ks))
         return tokens / seconds if seconds > 0 else float("inf")
 
-    def _best(self, yields: List[List[float]], base_tokens: int) -> List[int]:
+    def _best(self, yields: List[List[float]], base_tokens: int, tops: Sequence[int]) -> List[int]:
         """The lengths that maximize the step's rate (see :meth:`choose`); ``yields[s][x]``: slot
-        ``s``'s expected tokens with a draft of ``x`` (its cap: the list's last)."""
+        ``s``'s expected tokens with a draft of ``x``; ``tops[s]``: its longest draft here."""
         k = [0] * len(yields)
         # the slots whose drafts yield most choose first: where the batch has room for some
         # drafts only, theirs
-        order = sorted(range(len(yields)), key=lambda s: -yields[s][-1])
+        order = sorted(range(len(yields)), key=lambda s: -yields[s][tops[s]])
         for _ in range(4):  # a few rounds: each slot's best length given the others'
             changed = False
             for s in order:
                 best_k, best = k[s], self._rate(k, yields, base_tokens)
-                for x in range(len(yields[s])):
+                for x in range(tops[s] + 1):
                     if x == k[s]:
                         continue
                     trial = list(k)
