@@ -18,6 +18,7 @@ load (the engine's seconds, and its wall time as a share of the load). Checks ev
 against no drafting's. Writes its table into bench/BENCHMARKS.md.
 
     .venv/bin/python bench/bench_auto.py [--runs 3] [--agreements 0.0,0.5,0.8,1.0] [--tokens 64]
+        [--n-embd 768 --n-layer 24 --n-ff 2304]   (another shape: a held-out check)
 """
 
 from __future__ import annotations
@@ -79,10 +80,19 @@ def run_child(model: Path, name: str, a: argparse.Namespace, costs: str) -> dict
     return json.loads(out.strip().splitlines()[-1])
 
 
+def shape_of(a: argparse.Namespace) -> dict:
+    """The model shape: the bench shape (``BENCH_SHAPE``) with the sizes given on the command line."""
+    from llama_metaws.testing import BENCH_SHAPE
+
+    return dict(BENCH_SHAPE, **{k: v for k, v in (("n_embd", getattr(a, "n_embd", None)),
+                                                 ("n_layer", getattr(a, "n_layer", None)),
+                                                 ("n_ff", getattr(a, "n_ff", None))) if v})
+
+
 def measure(a: argparse.Namespace) -> dict:
     from llama_metaws.testing import make_mtp_model
 
-    models = {ag: make_mtp_model(agreement=ag, dtype=a.dtype) for ag in a.agreements}
+    models = {ag: make_mtp_model(agreement=ag, dtype=a.dtype, **shape_of(a)) for ag in a.agreements}
     results: Dict[float, Dict[str, List[dict]]] = {ag: {} for ag in a.agreements}
     names = list(FIXED) + [n for n in AUTOS if a.saved or n != "auto, saved curve"]
     with tempfile.TemporaryDirectory(prefix="bench-auto-") as tmp:
@@ -109,11 +119,12 @@ def _med(xs):
 def table(m: dict, a: argparse.Namespace, label: str) -> str:
     res = m["results"]
     autos = tuple(n for n in AUTOS if any(n in cfgs for cfgs in res.values()))
+    shape = shape_of(a)
     lines = [
         "## `draft_max=\"auto\"` from the first request of a fresh process (bench/bench_auto.py)",
         "",
-        f"{label}. Models from `make_mtp_model` ({a.dtype}, the bench shape: qwen35, 28 trunk layers of "
-        f"width 1024, 151,936 tokens, one NextN block). Every configuration a child process of its own "
+        f"{label}. Models from `make_mtp_model` ({a.dtype}, qwen35, {shape['n_layer']} trunk layers of "
+        f"width {shape['n_embd']}, n_ff {shape['n_ff']}, {shape['n_vocab']:,} tokens, one NextN block). Every configuration a child process of its own "
         f"that loads the model and runs one greedy request ({a.prompt_tokens}-token prompt, {a.tokens} "
         f"tokens), the first and only one (no warm-up), {a.threads} thread(s) pinned to core(s) "
         f"{','.join(map(str, a.cores))}; {a.runs} run(s), the configurations' order alternating. "
@@ -167,6 +178,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=default_threads(),
                     help=f"threads, pinned to the last cores (every core but one: {default_threads()})")
     ap.add_argument("--dtype", default="q8_0", choices=("f16", "q8_0"), help="model matrices (q8_0)")
+    ap.add_argument("--n-embd", type=int, help="trunk width (the bench shape's: 1024)")
+    ap.add_argument("--n-layer", type=int, help="trunk layers (the bench shape's: 28)")
+    ap.add_argument("--n-ff", type=int, help="feed-forward width (the bench shape's: 3072)")
     ap.add_argument("--no-saved", dest="saved", action="store_false",
                     help="leave out `auto, saved curve` (with one run it measures at load as the other does)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per child (600)")
