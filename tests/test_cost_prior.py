@@ -165,7 +165,8 @@ def test_more_rounds_only_within_the_budget(full_path, costs_folder, monkeypatch
         before = machine.decodes
         assert e.calibrate(None, load_s=1e9).rounds == prior_mod.REPS
         per_round = (machine.decodes - before - 3) // prior_mod.REPS  # less the untimed warm-up
-        assert per_round == 2 * (CAP + 1) + 1  # each target size and its catch-up, one draft decode
+        # each target size and its catch-up (the one-token one PLAIN_REPS times), one draft decode
+        assert per_round == 2 * (CAP + prior_mod.PLAIN_REPS) + 1
         assert e.prior.path is None  # no key: nothing saved
 
 
