@@ -62,9 +62,9 @@ class AdaptiveLength:
     disagreeing. The drift is 0.01 a step, 0.005 after one miss: a probe that costs more than a
     plain step is tried again after some 40 steps at the soonest, so a request of 64 tokens pays
     for two where the head never agrees (at 0.02 and with a miss counted only at the first
-    token, it paid for three to five on one CPU thread). A new request's estimates start from ``prior``'s (the engine
-    passes the slot that verified a draft last): the same model pair tends to agree as often on
-    the next request, and a fresh start would probe again.
+    token, it paid for three to five on one CPU thread). A new request's estimates start from
+    ``prior``'s (the engine passes the slot that verified a draft last): the same model pair
+    tends to agree as often on the next request, and a fresh start would probe again.
     """
 
     CAP = AUTO_DRAFT_MAX

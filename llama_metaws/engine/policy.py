@@ -33,8 +33,8 @@ shared: drafting for one slot makes every slot's step longer.
 
 Depths given up are tried again now and then: every step each estimate drifts up a little
 (``AdaptiveLength.RETRY``, less after each draft in a row that was cut short; the draft
-after a miss, a rejected first token, is a one-token probe, and lengths grow by doubling), so a change of
-content is noticed cheaply; and every :attr:`DraftPolicy.EXPLORE` steps with measured costs one
+after a miss, a rejected first token, is a one-token probe, and lengths grow by doubling), so a
+change of content is noticed cheaply; and every :attr:`DraftPolicy.EXPLORE` steps with measured costs one
 slot, in turn, drafts one token more than its best length, where acceptance alone would (its
 leading depths whose estimate is at least one half), so the cost of a longer batch is measured
 again and a change of load is noticed too (while steps stay plain, each explore doubles the wait

@@ -11,8 +11,8 @@ empty sequence with every token an output row (a verification's shape; no prompt
 draft context's catch-up over the same ``n`` tokens, and one draft decode over ``m`` slots (1, 2,
 half and all of them). First one untimed round at the largest sizes (the compute graphs and the
 workspace reach their size), then rounds of timings, the least of each size's kept: the first
-round always (the one-token decode :data:`PLAIN_REPS` times in each), the others (up to :data:`REPS`) while the time spent is under
-:data:`BUDGET_SHARE` of the load's (``load_s``). The token ids are spread over the vocabulary (a
+round always (the one-token decode :data:`PLAIN_REPS` times in each), the others (up to
+:data:`REPS`) while the time spent is under :data:`BUDGET_SHARE` of the load's (``load_s``). The token ids are spread over the vocabulary (a
 mixture of experts routes them as it would routes text). The sequences used are cleared after.
 
 The curve is saved in the user cache (:func:`costs_dir`, one JSON file per key: the model file,
@@ -38,8 +38,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..native.binding import llama_cpp
 
-__all__ = ["CostPrior", "calibrate", "cost_key", "cost_options", "costs_dir", "COSTS_ENV", "DRIFT", "REPS", "PLAIN_REPS",
-           "BUDGET_SHARE"]
+__all__ = ["CostPrior", "calibrate", "cost_key", "cost_options", "costs_dir", "COSTS_ENV", "DRIFT", "REPS",
+           "PLAIN_REPS", "BUDGET_SHARE"]
 
 #: ``LLAMA_METAWS_COSTS``: the folder of the saved curves (``off``: none read or saved)
 COSTS_ENV = "LLAMA_METAWS_COSTS"
@@ -210,9 +210,9 @@ def _sizes(engine) -> Tuple[List[int], List[int]]:
 
 def _measure(bench: _Bench, sizes: Sequence[int], slots: Sequence[int], rounds: int,
              keep_going: Callable[[], bool]) -> Tuple[Curves, int]:
-    """The least of up to ``rounds`` timings of every size (the one-token one :data:`PLAIN_REPS` times a
-    round; the first round always, the others
-    while ``keep_going()``), after an untimed round at the largest sizes; and the rounds timed."""
+    """The least of up to ``rounds`` timings of every size (the one-token one :data:`PLAIN_REPS`
+    times a round; the first round always, the others while ``keep_going()``), after an untimed
+    round at the largest sizes; and the rounds timed."""
     bench.target(max(sizes))
     bench.draft(max(slots))
     target: Dict[int, float] = {}
