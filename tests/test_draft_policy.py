@@ -472,3 +472,64 @@ def test_a_draft_cut_short_halves_the_drift():
     assert a.p[2] - before[2] == pytest.approx(AdaptiveLength.RETRY / 2)
     a.update(4, 4)
     assert a.misses == 0
+
+
+# --------------------------------------------------------------------------------------------
+# a plain step's catch-up deferred (execute.py's lag)
+
+
+@pytest.mark.parametrize("n_seq", [1, 2])
+def test_a_plain_steps_catch_up_waits_for_the_next_draft_and_changes_no_draft(full_path, monkeypatch, n_seq):
+    # draft lengths scripted per step (plain steps between drafts of 3, 2 and 1): the draft
+    # context is fed the plain steps' tokens late, in one batch before the next draft, and drafts
+    # exactly what it drafts fed at every step; the plain steps cost no draft decode
+    from llama_metaws.engine import drafting as drafting_mod
+
+    script = [0, 0, 0, 3, 0, 0, 2, 0, 0, 0, 0, 0, 1, 0]
+    prompts = [PROMPT, PROMPT[::-1]][:n_seq]
+
+    def run(defer):
+        decodes, behind = [], []
+        real, propose = drafting_mod.MTPHead._decode, drafting_mod.MTPHead.propose
+        monkeypatch.setattr(drafting_mod.MTPHead, "_decode",
+                            lambda self, b, phase: (decodes.append((phase, b.n)), real(self, b, phase))[1])
+
+        def checked(self, starts, on_depth=None):  # the draft context holds every position before a draft's
+            mem = llama_cpp.llama_get_memory(self.draft.ctx)
+            behind.extend((pos, llama_cpp.llama_memory_seq_pos_max(mem, seq)) for seq, _, pos, _, _ in starts)
+            return propose(self, starts, on_depth)
+
+        monkeypatch.setattr(drafting_mod.MTPHead, "propose", checked)
+        with Llama(full_path, draft="mtp", draft_max="auto", n_seq_max=n_seq, **KW) as llm:
+            e = llm._engine
+            e.defer_catch_up = defer
+            decodes.clear()  # the cost prior's at load
+            step = iter(range(10 ** 6))
+
+            def scripted(going, verdicts):
+                i = next(step)
+                return [min(script[i % len(script)], e.draft_length(v)) for v in going]
+
+            monkeypatch.setattr(e, "draft_lengths", scripted)
+            import concurrent.futures as cf
+            with cf.ThreadPoolExecutor(n_seq) as pool:
+                outs = list(pool.map(lambda p: llm.create_completion(p, max_tokens=40, temperature=0.0)
+                                     ["choices"][0]["text"], prompts))
+            total = e.total
+            lags = [len(s.lag) for s in e.slots]
+        monkeypatch.setattr(drafting_mod.MTPHead, "_decode", real)
+        monkeypatch.setattr(drafting_mod.MTPHead, "propose", propose)
+        assert behind and all(held == pos - 1 for pos, held in behind), (defer, behind)
+        return outs, (total.drafted, total.accepted), decodes, lags
+
+    outs, stats, decodes, lags = run(True)
+    outs0, stats0, decodes0, lags0 = run(False)
+    assert outs == outs0
+    assert stats[0] > 0 and stats[1] == stats[0]  # the head agrees: every draft kept, as when fed each step
+    assert lags == lags0 == [0] * n_seq  # nothing left waiting after the requests
+    catch_ups = [n for phase, n in decodes if phase == "decoding"]
+    catch_ups0 = [n for phase, n in decodes0 if phase == "decoding"]
+    if n_seq == 1:  # (two clients' requests meet the script at steps that differ from run to run)
+        assert stats == stats0 and sum(catch_ups) == sum(catch_ups0)  # the same tokens, fed ...
+    assert len(catch_ups) <= len(catch_ups0) / 2, (catch_ups, catch_ups0)  # ... in half the decodes or fewer
+    assert max(catch_ups) > max(catch_ups0)  # a lag fed in one batch

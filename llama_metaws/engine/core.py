@@ -34,7 +34,7 @@ from .drafting import AdaptiveLength, MTPHead
 from .policy import DraftPolicy, StepCosts
 from .prior import CostPrior, calibrate
 from . import shift, synthetic
-from .execute import DecodeError, Verdict, execute
+from .execute import DecodeError, Verdict, execute, feed_lags
 from .request import DraftStats, Output, Request
 from .samplers import SlotSampler
 from .schedule import Segment, n_graphs, schedule
@@ -148,6 +148,8 @@ class Engine:
             warnings.warn(shift.UNSUPPORTED, RuntimeWarning, stacklevel=3)
             self.context_shift = False
         self.head: Optional[MTPHead] = MTPHead(target, draft, p_min=p_min) if draft is not None else None
+        #: a plain one-token decode's catch-up waits in the slot's lag (execute.py); False: every step's at once
+        self.defer_catch_up = True
         self.prior: Optional[CostPrior] = None  # draft_max="auto": the costs measured before any request
         self.set_costs(StepCosts())  # what the engine's decodes cost (the prior, then measured as it runs)
         self.reuse = PrefixReuse(recurrent=self.recurrent, reach=self.n_rs_seq, checkpoint_every=checkpoint_every)
@@ -370,6 +372,7 @@ class Engine:
     def shift_context(self, slot: Slot) -> None:
         """A generating slot's context is full: shift it (:mod:`.shift`), or fail its request."""
         try:
+            feed_lags(self, [slot])  # the positions move: none may wait
             shift.shift(self, slot)
         except BaseException as e:  # noqa: BLE001 - this request alone
             self.fail(slot, e)
@@ -548,6 +551,7 @@ class Engine:
         """End the slot's request (its last output), keep what the sequence holds (for a request
         read token by token and closed, what its reader took, where the contexts can cut back)."""
         slot.last_used = self.steps
+        feed_lags(self, [slot])  # a request cancelled between steps: its slot's last plain steps
         r = slot.request
         if r is not None and r.throttle and reason == "cancelled":
             keep = len(r.prompt) + r.n_consumed - r.shifted

@@ -149,19 +149,51 @@ class MTPHead:
             raise RuntimeError("the target context returned no NextN rows")
         return np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))
 
-    def catch_up(self, segments: Sequence[Tuple[int, int, int, Optional[np.ndarray]]], tokens: np.ndarray,
-                 pos: np.ndarray, rows: np.ndarray, phase: str = "decoding") -> None:
+    def catch_up(self, segments: Sequence[Tuple], tokens: np.ndarray, pos: np.ndarray, rows: np.ndarray,
+                 phase: str = "decoding") -> List[List[Tuple[int, int]]]:
         """Decode the target's last batch on the draft context: ``segments`` are ``(seq_id, i0, n,
         pending)`` per slot in batch order, ``tokens``/``pos`` the batch's, ``rows`` the target's
-        rows for it. Token ``i0 + j`` pairs with row ``i0 + j - 1``, the first with ``pending``."""
-        b = self.batch
-        b.clear()
-        for seq_id, i0, n, pending in segments:
+        rows for it. Token ``i0 + j`` pairs with row ``i0 + j - 1``, the first with ``pending``.
+        A fifth item, ``(tokens, pos0, rows)`` or None, is the slot's lag (:meth:`feed`): tokens
+        the target decoded in earlier steps, fed first. Returns what each decode carried."""
+        entries = []
+        for seq_id, i0, n, pending, *lag in segments:
             paired = np.empty((n, self.n_embd), dtype=np.float32)
             paired[0] = self.zero if pending is None else pending
             paired[1:] = rows[i0 : i0 + n - 1]
-            b.add(tokens[i0 : i0 + n], int(pos[i0]), seq_id, False, paired)
-        self._decode(b, phase)
+            toks, p0 = tokens[i0 : i0 + n], int(pos[i0])
+            if lag and lag[0] is not None:
+                ltoks, lpos, lrows = lag[0]
+                toks, p0 = np.concatenate([np.asarray(ltoks, dtype=np.int32), toks]), lpos
+                paired = np.concatenate([lrows, paired])
+            entries.append((seq_id, toks, p0, paired))
+        return self.feed(entries, phase)
+
+    def feed(self, entries: Sequence[Tuple[int, Sequence[int], int, np.ndarray]],
+             phase: str = "decoding") -> List[List[Tuple[int, int]]]:
+        """Decode ``entries`` on the draft context, each ``(seq_id, tokens, pos0, rows)`` (the
+        tokens at ``pos0..``, each with the target's row of the position before it), in as few
+        batches as hold them. Returns, per decode, the ``(seq_id, n)`` it carried."""
+        b = self.batch
+        b.clear()
+        carried: List[List[Tuple[int, int]]] = []
+        now: List[Tuple[int, int]] = []
+        for seq_id, toks, pos0, paired in entries:
+            i = 0
+            while i < len(toks):
+                if not b.room:
+                    self._decode(b, phase)
+                    carried.append(now)
+                    b.clear()
+                    now = []
+                take = min(b.room, len(toks) - i)
+                b.add(toks[i : i + take], pos0 + i, seq_id, False, paired[i : i + take])
+                now.append((seq_id, take))
+                i += take
+        if b.n:
+            self._decode(b, phase)
+            carried.append(now)
+        return carried
 
     def propose(self, starts: Sequence[Tuple[int, int, int, Optional[np.ndarray], int]],
                 on_depth=None) -> Dict[int, List[int]]:

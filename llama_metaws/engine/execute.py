@@ -6,7 +6,10 @@
 
 1. one target decode of the step's batch (every slot's segment, in sequence order);
 2. the checkpoints a prompt chunk ends at (the recurrent state, read before the next decode);
-3. one draft decode that catches the MTP context up with that batch, for all slots at once;
+3. one draft decode that catches the MTP context up with that batch, for all slots at once,
+   but a plain one-token decode's: that token waits in the slot's lag (:attr:`Slot.lag`), fed
+   with the slot's next catch-up, or in one batch before its next draft, at the end of its
+   request, or once :data:`LAG_MAX` wait (a plain step then costs the target's decode alone);
 4. per slot, the sampling of its output rows with its own sampler: a generating slot verifies
    its draft (a draft token is kept while it equals what the target samples at its position,
    so greedy output equals no drafting and sampled output keeps the target's distribution; with
@@ -20,6 +23,7 @@ What it found is a :class:`Verdict` per slot; :mod:`.update` applies them.
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -27,7 +31,10 @@ import numpy as np
 from ..native.binding import llama_cpp
 from .schedule import Segment, StepPlan
 
-__all__ = ["Verdict", "execute", "DecodeError"]
+__all__ = ["Verdict", "execute", "feed_lags", "DecodeError", "LAG_MAX"]
+
+#: the most tokens a slot's draft context lags behind the target (after plain decode steps)
+LAG_MAX = 32
 
 
 class DecodeError(RuntimeError):
@@ -76,12 +83,20 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
             if v.segment.backs:
                 engine.take_checkpoints(v.segment, rows)
         if head is not None:
-            t0 = clock()
-            head.catch_up([(s.slot.seq_id, s.i0, s.n, s.slot.pending) for s in plan.segments], b.token, b.pos,
-                          rows, phase)
-            llama_cpp.llama_synchronize(engine.draft.ctx)
-            costs.catch_up.add(b.n, clock() - t0)
-            engine.graphs_draft += engine.graphs_of_draft(plan.segments)
+            now = []
+            for s in plan.segments:
+                if engine.defer_catch_up and s.kind == "decode" and s.n == 1:  # waits in the lag
+                    s.slot.lag.append((int(s.tokens[0]), s.pos0, head.zero if s.slot.pending is None
+                                       else s.slot.pending))
+                else:
+                    now.append(s)
+            if now:
+                t0 = clock()
+                carried = head.catch_up([(s.slot.seq_id, s.i0, s.n, s.slot.pending, s.slot.take_lag())
+                                         for s in now], b.token, b.pos, rows, phase)
+                llama_cpp.llama_synchronize(engine.draft.ctx)
+                costs.catch_up.add(sum(n for c in carried for _, n in c), clock() - t0)
+                engine.graphs_draft += _graphs(engine, carried)
 
         tctx = engine.target.ctx
         for v in verdicts:
@@ -95,13 +110,18 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
         v = Verdict(Segment(slot, "draft", [], slot.n, False), n=slot.n, last=slot.last, pending=slot.pending)
         verdicts.append(v)
 
+    starts = []
     if engine.draft_max:
         going = [v for v in verdicts if v.finish is None and v.last is not None]
-        starts = []
         for v, n_max in zip(going, engine.draft_lengths(going, verdicts)):
             v.draft_len = n_max
             if n_max > 0:
                 starts.append((v, n_max))
+    if head is not None:  # the lags that must not wait: a draft from them, a request's end, LAG_MAX
+        drafting = {id(v) for v, _ in starts}
+        feed_lags(engine, [v.segment.slot for v in verdicts if v.segment.slot.lag and (
+            id(v) in drafting or v.finish is not None or len(v.segment.slot.lag) >= LAG_MAX)])
+    if engine.draft_max:
         if starts and head is not None:
             def on_depth(m, seconds):
                 costs.draft.add(m, seconds)
@@ -117,6 +137,31 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
                 ids = np.asarray(r.prompt + r.generated + v.tokens, dtype=np.intc)
                 v.drafts = [int(x) for x in np.asarray(engine.proposer(ids)).ravel()[:n]]
     return verdicts
+
+
+def feed_lags(engine, slots) -> None:
+    """The draft context catches up with what these slots' lags hold (:attr:`Slot.lag`), in one
+    batch (or as few as hold it)."""
+    entries = []
+    for slot in slots:
+        lag = slot.take_lag()
+        if lag is not None:
+            entries.append((slot.seq_id, lag[0], lag[1], lag[2]))
+    if not entries:
+        return
+    clock = engine.costs.clock
+    t0 = clock()
+    carried = engine.head.feed(entries, "decoding")
+    llama_cpp.llama_synchronize(engine.draft.ctx)
+    engine.costs.catch_up.add(sum(len(e[1]) for e in entries), clock() - t0)
+    engine.graphs_draft += _graphs(engine, carried)
+
+
+def _graphs(engine, carried) -> int:
+    """The graphs of the draft context's decodes that :meth:`~.drafting.MTPHead.feed` reports
+    (per decode, the ``(seq_id, n)`` it carried)."""
+    return sum(engine.graphs_of_draft([SimpleNamespace(n=n, slot=SimpleNamespace(seq_id=q)) for q, n in c])
+               for c in carried)
 
 
 def _stopped(engine, r, token: int) -> bool:

@@ -14,7 +14,10 @@ state machine:
 
 The draft context holds the same positions as the target (``n``), fed with the target's hidden
 rows; ``pending`` is the target's row of position ``n - 1``, which the next token fed to the draft
-context pairs with (None: a zero row, which makes drafts worse, never outputs different).
+context pairs with (None: a zero row, which makes drafts worse, never outputs different). After
+plain decode steps it may lag behind by a few tokens (``lag``: each with the row it pairs with),
+fed in one batch before the slot's next draft, at the end of its request, or once it holds
+:data:`~.execute.LAG_MAX`.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class Slot:
         self.synth_rng = None            # synthetic acceptance: the request's random generator
         self.prompt_rows: List[np.ndarray] = []  # echo with logprobs: the prompt's rows so far
         self.step_tokens: List[int] = []  # sampled earlier in the step being run
+        self.lag: List[tuple] = []       # (token, pos, row): decoded on the target, not yet on the draft context
         self.last_used = 0               # when it last ended a request (the engine's step count)
 
     @property
@@ -106,8 +110,17 @@ class Slot:
         self.n = n - n_discard
         self.checkpoints.clear()
 
+    def take_lag(self):
+        """The tokens the draft context lags behind by, as ``(tokens, pos0, rows)`` (None: none),
+        for the caller to feed now; the lag is empty after."""
+        if not self.lag:
+            return None
+        lag, self.lag = self.lag, []
+        return [t for t, _, _ in lag], lag[0][1], np.stack([r for _, _, r in lag])
+
     def forget(self) -> None:
         """Nothing held (the caller removed the sequence from both contexts)."""
+        self.lag = []
         self.keep(0, None)
         self.rows.clear()
         self.recent.clear()
