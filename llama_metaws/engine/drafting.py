@@ -156,6 +156,11 @@ class MTPHead:
         rows for it. Token ``i0 + j`` pairs with row ``i0 + j - 1``, the first with ``pending``.
         A fifth item, ``(tokens, pos0, rows)`` or None, is the slot's lag (:meth:`feed`): tokens
         the target decoded in earlier steps, fed first. Returns what each decode carried."""
+        return self.feed(self.entries(segments, tokens, pos, rows), phase)
+
+    def entries(self, segments: Sequence[Tuple], tokens: np.ndarray, pos: np.ndarray,
+                rows: np.ndarray) -> List[Tuple[int, np.ndarray, int, np.ndarray]]:
+        """:meth:`catch_up`'s segments as :meth:`feed`'s entries (each token with its row)."""
         entries = []
         for seq_id, i0, n, pending, *lag in segments:
             paired = np.empty((n, self.n_embd), dtype=np.float32)
@@ -167,7 +172,7 @@ class MTPHead:
                 toks, p0 = np.concatenate([np.asarray(ltoks, dtype=np.int32), toks]), lpos
                 paired = np.concatenate([lrows, paired])
             entries.append((seq_id, toks, p0, paired))
-        return self.feed(entries, phase)
+        return entries
 
     def feed(self, entries: Sequence[Tuple[int, Sequence[int], int, np.ndarray]],
              phase: str = "decoding") -> List[List[Tuple[int, int]]]:

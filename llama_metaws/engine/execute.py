@@ -91,12 +91,8 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
                 else:
                     now.append(s)
             if now:
-                t0 = clock()
-                carried = head.catch_up([(s.slot.seq_id, s.i0, s.n, s.slot.pending, s.slot.take_lag())
-                                         for s in now], b.token, b.pos, rows, phase)
-                llama_cpp.llama_synchronize(engine.draft.ctx)
-                costs.catch_up.add(sum(n for c in carried for _, n in c), clock() - t0)
-                engine.graphs_draft += _graphs(engine, carried)
+                _catch_up(engine, head.entries([(s.slot.seq_id, s.i0, s.n, s.slot.pending, s.slot.take_lag())
+                                                for s in now], b.token, b.pos, rows), phase)
 
         tctx = engine.target.ctx
         for v in verdicts:
@@ -146,22 +142,21 @@ def feed_lags(engine, slots) -> None:
     for slot in slots:
         lag = slot.take_lag()
         if lag is not None:
-            entries.append((slot.seq_id, lag[0], lag[1], lag[2]))
-    if not entries:
-        return
+            entries.append((slot.seq_id, *lag))
+    if entries:
+        _catch_up(engine, entries, "decoding")
+
+
+def _catch_up(engine, entries, phase: str) -> None:
+    """The draft context fed ``entries`` (:meth:`~.drafting.MTPHead.feed`'s), timed for the cost
+    model, its graphs counted."""
     clock = engine.costs.clock
     t0 = clock()
-    carried = engine.head.feed(entries, "decoding")
+    carried = engine.head.feed(entries, phase)
     llama_cpp.llama_synchronize(engine.draft.ctx)
     engine.costs.catch_up.add(sum(len(e[1]) for e in entries), clock() - t0)
-    engine.graphs_draft += _graphs(engine, carried)
-
-
-def _graphs(engine, carried) -> int:
-    """The graphs of the draft context's decodes that :meth:`~.drafting.MTPHead.feed` reports
-    (per decode, the ``(seq_id, n)`` it carried)."""
-    return sum(engine.graphs_of_draft([SimpleNamespace(n=n, slot=SimpleNamespace(seq_id=q)) for q, n in c])
-               for c in carried)
+    engine.graphs_draft += sum(engine.graphs_of_draft([SimpleNamespace(n=n, slot=SimpleNamespace(seq_id=q))
+                                                       for q, n in c]) for c in carried)
 
 
 def _stopped(engine, r, token: int) -> bool:
