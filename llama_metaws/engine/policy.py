@@ -246,7 +246,7 @@ class DraftPolicy:
         self.steps += 1
         yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
         k = self._best(yields, base_tokens, held)
-        if held != caps:
+        if any(c > h > x for c, h, x in zip(caps, held, k)):  # a slot could scout: the best without limits
             self._scout(k, held, self._best(yields, base_tokens, caps))
         if any(k):  # drafting pays now: explore at the first rate again
             self.every = self.EXPLORE
