@@ -11,9 +11,9 @@ from typing import Callable
 DOC = Path(__file__).resolve().parent / "BENCHMARKS.md"
 HEADER = """# Benchmarks
 
-No GPU was lent to the sessions that wrote these figures: every figure below is from the 2-core
-CPU machine (the CPU test bed: the CPU device listed twice for tensor split). GPU figures (pynvml,
-`llama-metaws vram --nvidia --device CUDA0,CUDA1`) are still to be recorded.
+Every figure below is from the 2-core CPU machine (the CPU test bed: the CPU device listed twice
+for tensor split), except the section "On a GPU", which the GPU run kit wrote on one NVIDIA
+H200 (one GPU listed twice; no machine with two GPUs has been lent yet).
 
 Each section below is written by the script named in it, from one run that measures the
 variants side by side (interleaved), and reports ratios: the machine is shared and noisy.
@@ -25,11 +25,12 @@ def machine() -> str:
     return f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}"
 
 
-def write_section(name: str, body: str) -> Path:
-    """Replace (or append) the section between this benchmark's markers."""
+def write_section(name: str, body: str, where: str = "") -> Path:
+    """Replace (or append) the section between this benchmark's markers; ``where`` names the
+    machine that ran it (default: this one)."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     stamp = datetime.date.today().isoformat()
-    block = f"{begin}\n{body.rstrip()}\n\n_Last run: {stamp}, {machine()}._\n{end}"
+    block = f"{begin}\n{body.rstrip()}\n\n_Last run: {stamp}, {where or machine()}._\n{end}"
     text = DOC.read_text() if DOC.exists() else HEADER
     if begin in text and end in text:
         head, rest = text.split(begin, 1)
@@ -41,11 +42,11 @@ def write_section(name: str, body: str) -> Path:
     return DOC
 
 
-def publish(name: str, table: str, write: bool) -> str:
+def publish(name: str, table: str, write: bool, where: str = "") -> str:
     """Print a benchmark's table and, unless told not to, write it into its section."""
     print(table)
     if write:
-        print(f"\nwritten to {write_section(name, table)}")
+        print(f"\nwritten to {write_section(name, table, where)}")
     return table
 
 

@@ -72,7 +72,10 @@ def main() -> None:
     ap.add_argument("out", type=Path, help="the folder run.sh wrote ($OUT)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args()
-    publish("gpu_kit", section(a.out), write=not a.no_write)
+    summary = json.loads((a.out / "summary.json").read_text())
+    m = summary.get("machine", {})
+    where = f"{m.get('platform', '?')}, CPython {m.get('python', '?')} (the kit's machine)"
+    publish("gpu_kit", section(a.out), write=not a.no_write, where=where)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,13 @@ export PYTHONUNBUFFERED=1 GGML_NO_BACKTRACE=1
 export LLAMA_METAWS_LLAMA_SOURCE="$WORK/llama.cpp" LLAMA_METAWS_SOURCE_ROOT="$KIT/repo"
 export LLAMA_METAWS_CACHE="$WORK/cache"
 unset LLAMA_CPP_LIB_PATH
+# The libstdc++ the build links is loaded first: in the CUDA image's Python (the torch
+# environment, numpy 2.5.2) an import of numpy before the shim made the static init of
+# libllama-common's std::regex crash (SIGSEGV, seen on an H200 machine on 2026-12-04)
+STDCXX="$(${CXX:-c++} -print-file-name=libstdc++.so.6 2>/dev/null || g++ -print-file-name=libstdc++.so.6 2>/dev/null || true)"
+case "$STDCXX" in
+    /*) [ -f "$STDCXX" ] && export LD_PRELOAD="$STDCXX${LD_PRELOAD:+:$LD_PRELOAD}" ;;
+esac
 
 BASE_CMAKE_ARGS=""
 if [ "$BACKEND" = cuda ]; then
@@ -312,6 +319,7 @@ step_report() {
 }
 
 echo "llama-metaws GPU run kit: $BACKEND, steps $STEPS, budget $BUDGET s, out $OUTDIR, work $WORK"
+echo "preloaded: ${LD_PRELOAD:-nothing}"
 run_step preflight  # a missing piece is named there; the steps that need it fail on their own
 run_step install || FATAL=1
 if [ -z "${FATAL:-}" ]; then run_step build || FATAL=1; fi

@@ -36,6 +36,7 @@ from llama_cpp import _logger
 
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
 from llama_metaws.engine.batch import Batch
+from llama_metaws.engine.devices import list_devices
 from llama_metaws.testing import split_devices
 from llama_metaws.engine.workspace import Workspace, context_info, inject_alloc_failure, private_bytes
 
@@ -124,8 +125,11 @@ def failing_allocation(n, log):
 
 def _heap_in_use():
     """glibc's bytes in use (heap + mmapped chunks), where ggml's CPU buffers come from; None
-    where that cannot be read, or under ASan (its allocator is not glibc's)."""
-    if "asan" in os.environ.get("LD_PRELOAD", ""):
+    where that cannot be read, under ASan (its allocator is not glibc's), or in a build with a
+    GPU backend: there the buffers are the device's, and the driver's own threads allocate and
+    free host memory while a pass runs (on an H200, 2026-12-04, a 16 KiB malloc kept on every
+    pass went unseen), so ggml's accounting alone is the leak check."""
+    if "asan" in os.environ.get("LD_PRELOAD", "") or any(d.type != "cpu" for d in list_devices()):
         return None
     try:
         fn = ctypes.CDLL(None).mallinfo2
@@ -189,7 +193,7 @@ def _walk(one_pass, tolerance=HEAP_TOLERANCE, checks=MEASURED_PASSES):
 def test_the_heap_check_fails_on_a_leak_on_every_pass_and_not_on_a_drift_on_one():
     """``_walk``'s check itself: 16 KiB kept on every pass fails it; 16 KiB kept once passes."""
     if _heap_in_use() is None:
-        pytest.skip("glibc's mallinfo2 cannot be read here (or under ASan)")
+        pytest.skip("glibc's mallinfo2 cannot be read here, or is no measure (ASan, a GPU build)")
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]

@@ -41,7 +41,10 @@ def test_greedy_identity_with_and_without_drafting(agree_path, split):
             assert _text(llm, prompt, temperature=0.0) == _text(plain, prompt, temperature=0.0), prompt
         assert llm.draft_stats.total.drafted > 0 and llm.draft_stats.total.accepted > 0
         entries = llm.workspace_stats()
-        assert entries and all(e.allocated > 0 for e in entries)
+        # every buffer type with a need holds it (with a GPU backend and the layers on the CPU,
+        # the GPU's entry may need nothing: ops are offloaded only for large batches)
+        assert any(e.allocated > 0 for e in entries)
+        assert all(e.allocated > 0 for e in entries if e.owner_need or e.borrower_need)
         if split["split_mode"] == "tensor":
             assert any(e.alias for e in entries)
 

@@ -27,6 +27,13 @@ DRAFT_MAX = 3
 # measured: up to ~2e-5 between one CPU and a meta device over 2-3 CPUs (split reductions sum
 # in another order); the tiny models' logits are O(1-10)
 LOGIT_TOLERANCE = 1e-4
+# on a GPU the whole matrix and its halves take other kernels (cuBLAS, the f16 paths): measured
+# up to 6.7e-3 on one H200 listed two and three times (2026-12-04); the argmax must still agree
+GPU_LOGIT_TOLERANCE = 2e-2
+
+
+def _tolerance(devices) -> float:
+    return LOGIT_TOLERANCE if all(d == "CPU" for d in devices) else GPU_LOGIT_TOLERANCE
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +80,11 @@ def test_tensor_split_on_cpu_devices_matches_one_device(models_dir, mtp_path, ki
 
     path = mtp_path if kind == "qwen35-mtp" else make_tiny_model(models_dir / "ts-llama.gguf", seed=2)
     one = _logits(path, devices=None, split_mode="none", load_mtp=kind == "qwen35-mtp")
-    split = _logits(path, devices=split_devices(n_devices), split_mode="tensor", use_mmap=use_mmap,
+    devices = split_devices(n_devices)
+    split = _logits(path, devices=devices, split_mode="tensor", use_mmap=use_mmap,
                     load_mtp=kind == "qwen35-mtp")
     assert np.all(np.isfinite(split))
-    assert np.abs(split - one).max() < LOGIT_TOLERANCE
+    assert np.abs(split - one).max() < _tolerance(devices)
     assert (split.argmax(axis=1) == one.argmax(axis=1)).all()
 
 
