@@ -242,7 +242,19 @@ def test_a_probe_first_and_after_a_miss_lengths_that_double_and_probes_that_thin
     a.update(1, 1)  # the probe is accepted: longer again
     assert a.misses == 0 and a.limit == 2
     b = AdaptiveLength(prior=a)  # a new request starts from what was learnt
-    assert (b.limit, b.misses, b.p) == (a.limit, a.misses, a.p)
+    assert (b.limit, b.misses, b.p, b.seen) == (a.limit, a.misses, a.p, a.seen)
+
+
+def test_a_depth_never_verified_is_weighed_at_most_as_the_deepest_verified_one():
+    a = AdaptiveLength()
+    assert a.estimates == [1.0] * CAP  # nothing verified: every depth at its start
+    a.update(1, 0)  # a miss at the first depth: the depths past it were never tried
+    assert a.p[1:] == [1.0] * (CAP - 1) and a.estimates == [a.p[0]] * CAP
+    a.update(1, 1)
+    a.update(2, 1)  # depth 2 rejected once: depths 3 and on at most its estimate
+    assert a.seen == 2 and a.estimates[:2] == a.p[:2] and a.estimates[2:] == [a.p[1]] * (CAP - 2)
+    a.update(3, 3)  # depth 3 verified: its own estimate (past the second's)
+    assert a.seen == 3 and a.estimates[2] == a.p[2] > a.p[1]
 
 
 @pytest.fixture(scope="module")
@@ -440,7 +452,7 @@ def _simulate(costs, agreement, steps, seed=7):
     out = []
     for _ in range(steps):
         length.drift()
-        k = policy.choose([(length.p, CAP)], limits=[length.limit])[0]
+        k = policy.choose([(length.estimates, CAP)], limits=[length.limit])[0]
         if k:
             kept = 0
             while kept < k and rng.random() < agreement:
@@ -458,6 +470,35 @@ def test_scouts_reach_a_long_draft_where_the_head_agrees_and_thin_out_where_it_d
     assert 1 <= sum(1 for k in never if k) <= 2 and max(never) == 1, never  # probes of one, twice at most
     half = _simulate(costs, 0.5, 64)
     assert sum(1 for k in half if k) <= 4, half
+
+
+def _measured(funcs):
+    """A measured cost model (explored, unlike FixedCosts) seeded with ``funcs`` at every size, as
+    the engine's prior seeds it at load."""
+    costs = StepCosts(clock=lambda: 0.0)
+    for curve, name in ((costs.target, "target"), (costs.catch_up, "catch_up"), (costs.draft, "draft")):
+        curve.seed({n: funcs[name](n) for n in range(1, CAP + 2)})
+    return costs
+
+
+@pytest.mark.parametrize("primed", [True, False])
+def test_a_prior_counts_as_the_first_explore_and_a_scout_brings_none_forward(primed):
+    # the head never agrees, on a CPU where only a long draft could pay: a fresh slot scouts one
+    # token at the first step; that is no sign that drafting pays, so the explores keep their
+    # schedule, and a policy started from a prior (every size timed at load) waits twice as long
+    # for its first: a request of 64 tokens drafts once, where an unprimed policy drafts twice
+    policy, length = DraftPolicy(_measured(TILE), primed=primed), AdaptiveLength()
+    E = DraftPolicy.EXPLORE
+    drafted = []
+    for step in range(1, 65):
+        length.drift()
+        k = policy.choose([(length.estimates, CAP)], limits=[length.limit])[0]
+        if k:
+            drafted.append((step, k))
+            length.update(k, 0)
+        if step == 1:
+            assert k == 1 and policy.next_explore == (2 * E if primed else E), policy.next_explore
+    assert drafted == ([(1, 1)] if primed else [(1, 1), (E, 1)]), drafted
 
 
 def test_a_draft_cut_short_halves_the_drift():

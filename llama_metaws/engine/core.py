@@ -440,7 +440,7 @@ class Engine:
             seg = v.segment
             if seg.kind == "prompt" and not seg.ends_prompt and v.finish is None:
                 base += min(seg.slot.prompt_end - (seg.pos0 + seg.n), self.n_batch)
-        return self.policy.choose([(v.segment.slot.length.p, cap) for v, cap in zip(going, caps)], base,
+        return self.policy.choose([(v.segment.slot.length.estimates, cap) for v, cap in zip(going, caps)], base,
                                   [v.segment.slot.length.limit for v in going])  # a probe, or twice what was kept
 
     def decode_target(self, b: Batch, phase: str = "decoding") -> None:
@@ -531,7 +531,7 @@ class Engine:
         if not self.adaptive or self.head is None:
             return None
         self.prior = self.exclusive(lambda: calibrate(self, key, load_s))
-        self.policy = DraftPolicy(self.costs)
+        self.policy = DraftPolicy(self.costs, primed=True)  # every size timed: the first explore waits
         return self.prior
 
     def graphs_of_draft(self, segments) -> int:

@@ -51,20 +51,21 @@ class AdaptiveLength:
     weighs these against the measured costs; :attr:`n` is the length acceptance alone would take
     (the leading depths whose estimate is at least :attr:`KEEP`, none when the first is below it).
 
-    Trying is kept cheap where drafting does not pay, since a depth never verified keeps its
-    estimate: until a draft was verified, and after a draft whose first token was rejected (a
-    *miss*), the next draft is a probe of one token; after a draft that kept ``a`` tokens of more
-    the next is at most ``2 a`` long, and after one that kept every token twice the limit
-    (:attr:`limit`: the length grows by doubling, as far as the cap, even where the policy chose
-    a shorter draft than the limit allowed, a batch size cheaper than the next ones). Each
-    draft in a row that was cut short (a miss, or a token rejected further on) halves the drift
-    (up to :attr:`BACKOFF` times), so the probes and scouts thin out while the head keeps
-    disagreeing. The drift is 0.01 a step, 0.005 after one miss: a probe that costs more than a
-    plain step is tried again after some 40 steps at the soonest, so a request of 64 tokens pays
-    for two where the head never agrees (at 0.02 and with a miss counted only at the first
-    token, it paid for three to five on one CPU thread). A new request's estimates start from
-    ``prior``'s (the engine passes the slot that verified a draft last): the same model pair
-    tends to agree as often on the next request, and a fresh start would probe again.
+    Trying is kept cheap where drafting does not pay. A depth never verified keeps its estimate,
+    but the policy weighs it at most as the deepest verified one (:attr:`estimates`). Until a
+    draft was verified, and after a draft whose first token was rejected (a *miss*), the next
+    draft is a probe of one token; after a draft that kept ``a`` tokens of more the next is at
+    most ``2 a`` long, and after one that kept every token twice the limit (:attr:`limit`: the
+    length grows by doubling, as far as the cap, even where the policy chose a shorter draft than
+    the limit allowed, a batch size cheaper than the next ones). Each draft in a row that was cut
+    short (a miss, or a token rejected further on) halves the drift (up to :attr:`BACKOFF`
+    times), so the probes and scouts thin out while the head keeps disagreeing. The drift is 0.01
+    a step, 0.005 after one miss: where the head never agrees a request of 64 tokens pays for one
+    probe (at 0.02, with a miss counted only at the first token and the depths never tried
+    weighed at their start, it paid for three to five on one CPU thread). A new request's
+    estimates start from ``prior``'s (the engine passes the slot that verified a draft last): the
+    same model pair tends to agree as often on the next request, and a fresh start would probe
+    again.
     """
 
     CAP = AUTO_DRAFT_MAX
@@ -77,10 +78,21 @@ class AdaptiveLength:
         self.p = list(prior.p) if prior is not None else [1.0] * self.CAP
         self.misses = prior.misses if prior is not None else 0  # drafts cut short, in a row
         self.limit = prior.limit if prior is not None else 1    # see the class docstring
+        self.seen = prior.seen if prior is not None else 0      # the depths that had a verdict
+
+    @property
+    def estimates(self) -> List[float]:
+        """:attr:`p` as the policy weighs it: a depth that never had a verdict is taken to agree
+        at most as often as the deepest one that had (after a miss at the first depth, a draft of
+        three is not worth a scout on the strength of two depths never tried)."""
+        if not self.seen:
+            return list(self.p)
+        last = self.p[self.seen - 1]
+        return self.p[:self.seen] + [min(p, last) for p in self.p[self.seen:]]
 
     @property
     def n(self) -> int:
-        return min(self.limit, acceptance_length(self.p, self.CAP, self.KEEP))
+        return min(self.limit, acceptance_length(self.estimates, self.CAP, self.KEEP))
 
     def drift(self) -> None:
         """A step starts: the estimates drift up, so a depth given up is tried again now and then
@@ -99,6 +111,7 @@ class AdaptiveLength:
         for d in range(min(drafted, accepted + 1)):  # depths with a verdict
             hit = 1.0 if d < accepted else 0.0
             self.p[d] += self.RATE * (hit - self.p[d])
+        self.seen = max(self.seen, min(drafted, accepted + 1))
         if drafted:  # cut short (a miss, or a rejection further on): the drift halves again
             self.misses = self.misses + 1 if accepted < drafted else 0
             # every token kept: twice the limit (the policy may have drafted less than it allowed,

@@ -39,7 +39,8 @@ slot, in turn, drafts one token more than its best length, where acceptance alon
 leading depths whose estimate is at least one half), so the cost of a longer batch is measured
 again and a change of load is noticed too (while steps stay plain, each explore doubles the wait
 for the next, up to :attr:`DraftPolicy.EXPLORE_MAX` steps: where drafting cannot pay, exploring
-is all it costs); and every :attr:`DraftPolicy.FILL` steps without prompt tokens, while a length
+is all it costs; the prior timed at load counts as the first explore, and a scout, which drafts
+where drafting does not pay yet, does not bring the next one forward); and every :attr:`DraftPolicy.FILL` steps without prompt tokens, while a length
 up to that one makes a target batch that was never timed and could pay at the least that batch
 can cost (that of the cheapest timed size below it), one slot drafts the shortest such (the
 costs between timed sizes are interpolated, and the best length may sit at a size of its own: a
@@ -216,12 +217,15 @@ class DraftPolicy:
     #: one, and a lost bet costs more than a won one gains
     MARGIN = 1.1
 
-    def __init__(self, costs: Optional[StepCosts] = None) -> None:
+    def __init__(self, costs: Optional[StepCosts] = None, primed: bool = False) -> None:
+        """``primed``: every size was timed just now (the engine's cost prior, :mod:`.prior`): that
+        counts as an explore, so the first comes after twice :attr:`EXPLORE` steps (a request of
+        64 tokens where drafting does not pay then drafts one probe, not a probe and an explore)."""
         self.costs = costs if costs is not None else StepCosts()
         self.steps = 0
         self.turn = 0  # whose turn it is to explore (see _try_one)
-        self.every = self.EXPLORE  # the wait between explores
-        self.next_explore = self.EXPLORE  # the step that explores next
+        self.every = 2 * self.EXPLORE if primed else self.EXPLORE  # the wait between explores
+        self.next_explore = self.every  # the step that explores next
 
     def choose(self, slots: Sequence[Tuple[Sequence[float], int]], base_tokens: int = 0,
                limits: Optional[Sequence[int]] = None) -> List[int]:
@@ -246,11 +250,11 @@ class DraftPolicy:
         self.steps += 1
         yields = [[expected_tokens(p, k) for k in range(cap + 1)] for (p, _), cap in zip(slots, caps)]
         k = self._best(yields, base_tokens, held)
-        if any(c > h > x for c, h, x in zip(caps, held, k)):  # a slot could scout: the best without limits
-            self._scout(k, held, self._best(yields, base_tokens, caps))
-        if any(k):  # drafting pays now: explore at the first rate again
+        if any(k):  # drafting pays now (a scout is not that): explore at the first rate again
             self.every = self.EXPLORE
             self.next_explore = min(self.next_explore, self.steps + self.every)
+        if any(c > h > x for c, h, x in zip(caps, held, k)):  # a slot could scout: the best without limits
+            self._scout(k, held, self._best(yields, base_tokens, caps))
         explore, fill = self.steps >= self.next_explore, self.steps % self.FILL == 0
         if explore:  # while steps are plain, each explore doubles the wait for the next
             if not any(k):
