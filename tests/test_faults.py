@@ -123,13 +123,17 @@ def failing_allocation(n, log):
             result["failed"] = (int(m.group(1)), m.group(2))
 
 
+# the devices are registered once, at the library's load: looked up once, not at every reading
+_GPU_BUILD = any(d.type != "cpu" for d in list_devices())
+
+
 def _heap_in_use():
     """glibc's bytes in use (heap + mmapped chunks), where ggml's CPU buffers come from; None
     where that cannot be read, under ASan (its allocator is not glibc's), or in a build with a
     GPU backend: there the buffers are the device's, and the driver's own threads allocate and
     free host memory while a pass runs (on an H200, 2026-12-04, a 16 KiB malloc kept on every
     pass went unseen), so ggml's accounting alone is the leak check."""
-    if "asan" in os.environ.get("LD_PRELOAD", "") or any(d.type != "cpu" for d in list_devices()):
+    if "asan" in os.environ.get("LD_PRELOAD", "") or _GPU_BUILD:
         return None
     try:
         fn = ctypes.CDLL(None).mallinfo2

@@ -40,11 +40,12 @@ leading depths whose estimate is at least one half), so the cost of a longer bat
 again and a change of load is noticed too (while steps stay plain, each explore doubles the wait
 for the next, up to :attr:`DraftPolicy.EXPLORE_MAX` steps: where drafting cannot pay, exploring
 is all it costs; the prior timed at load counts as the first explore, and a scout, which drafts
-where drafting does not pay yet, does not bring the next one forward); and every :attr:`DraftPolicy.FILL` steps without prompt tokens, while a length
-up to that one makes a target batch that was never timed and could pay at the least that batch
-can cost (that of the cheapest timed size below it), one slot drafts the shortest such (the
-costs between timed sizes are interpolated, and the best length may sit at a size of its own: a
-batch that fills a kernel's tile). The other slots of such a step keep their best lengths: the
+where drafting does not pay yet, does not bring the next one forward); and every
+:attr:`DraftPolicy.FILL` steps without prompt tokens, while a length up to that one makes a
+target batch that was never timed and could pay at the least that batch can cost (that of the
+cheapest timed size below it), one slot drafts the shortest such (the costs between timed sizes
+are interpolated, and the best length may sit at a size of its own: a batch that fills a
+kernel's tile). The other slots of such a step keep their best lengths: the
 engine explores, not each slot at once. A cost model can be injected (tests, and a
 clock: :class:`StepCosts` takes one).
 """
