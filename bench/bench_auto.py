@@ -9,7 +9,9 @@ process gives its first client), pinned to the last core(s):
 * ``auto, measured at load``: ``Llama(draft="mtp", draft_max="auto")`` with an empty cost folder
   (``LLAMA_METAWS_COSTS``): the engine measures its cost prior at load (``engine/prior.py``);
 * ``auto, saved curve``: the same with a cost folder the run keeps, so after its first child it
-  loads the curve an earlier child saved (checked against a few timings).
+  loads the curve an earlier child saved (checked against a few timings), and starts its request
+  from the acceptance the last child of the same model left there (what a user's next process
+  gets from the user cache).
 
 Reports decode tokens/s (the request's decode phase), per agreement the ratio of each auto to the
 best of no drafting and k = 1..4 (issue 37: >= 0.95): the ratio of the medians over the runs, and
@@ -58,7 +60,8 @@ def child(spec: dict) -> dict:
         kw.update(draft="mtp", draft_max=spec["draft_max"], phase_aware_workspace=True)
     with Llama(spec["model"], **kw) as llm:
         load_s = time.perf_counter() - t0
-        prior = llm.engine_stats().get("cost_prior")
+        stats = llm.engine_stats()
+        prior, accepted_from = stats.get("cost_prior"), stats.get("acceptance_prior")
         out = llm.create_completion(spec["prompt"], max_tokens=spec["tokens"], temperature=0.0)
         t = llm.timings()
         st = llm.draft_stats.last if spec["draft_max"] else None
@@ -66,6 +69,7 @@ def child(spec: dict) -> dict:
                 tokens=out["usage"]["completion_tokens"], load_s=load_s,
                 drafted=st.drafted if st else 0, accepted=st.accepted if st else 0,
                 plain_share=t.get("plain_steps_share"), lengths=t.get("draft_lengths"),
+                acceptance_saved=bool(accepted_from),
                 prior=None if prior is None else {k: prior[k] for k in ("source", "seconds", "wall_s", "load_s",
                                                                         "target_ms", "catch_up_ms", "draft_ms")})
 
@@ -107,6 +111,7 @@ def measure(a: argparse.Namespace) -> dict:
                     results[ag].setdefault(name, []).append(r)
                     p = r["prior"]
                     extra = f", prior {p['source']} {p['seconds']:.2f} s" if p else ""
+                    extra += ", saved acceptance" if r.get("acceptance_saved") else ""
                     print(f"  [{rep + 1}/{a.runs}] a={ag} {name:<24} decode {r['decode_tps']:6.2f} t/s, "
                           f"lengths {r['lengths']}{extra} ({time.monotonic() - t0:.0f} s)", flush=True)
     return dict(results=results, models={ag: p.name for ag, p in models.items()})
@@ -129,7 +134,8 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
         f"tokens), the first and only one (no warm-up), {a.threads} thread(s) pinned to core(s) "
         f"{','.join(map(str, a.cores))}; {a.runs} run(s), the configurations' order alternating. "
         "`auto, measured at load`: an empty cost folder, the prior measured at load; `auto, saved "
-        "curve`: the run's own folder, a curve saved by its first child then checked at each load. "
+        "curve`: the run's own folder, a curve saved by its first child then checked at each load, "
+        "and the acceptance the last child of the same model left (from the second run on). "
         "Decode t/s: the request's decode phase (medians over the runs).",
         "",
         "| agreement | " + " | ".join(FIXED + autos) + " |",
@@ -159,6 +165,8 @@ def table(m: dict, a: argparse.Namespace, label: str) -> str:
             drafted = sum(r["drafted"] for r in runs)
             acc = f"{sum(r['accepted'] for r in runs) / drafted:.3f}" if drafted else "-"
             sources = ", ".join(sorted({r["prior"]["source"] for r in runs if r["prior"]}))
+            n_saved = sum(1 for r in runs if r.get("acceptance_saved"))
+            sources += f"; saved acceptance {n_saved}/{len(runs)}" if n_saved else ""
             lines.append(f"| {ag} | {n} | {ratio:.2f} ({_med(per_run):.2f}) | {best} | "
                          f"{_med([r['plain_share'] for r in runs]):.2f} | {acc} | {sources} | "
                          f"{_med([r['prior']['seconds'] for r in runs]):.2f} | "

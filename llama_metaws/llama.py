@@ -303,6 +303,9 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
                 devices=list(devices or []), rpc=bool(self._rpc), tensor_split=list(tensor_split or []),
                 workspace=[phase_aware_workspace, workspace_mode]))
             self._engine.calibrate(key, load_s=time.perf_counter() - t_load)
+            # where the model pair's last requests left their acceptance (engine.prior)
+            self._engine.remember_acceptance(_prior.acceptance_key(model_path, dict(
+                p_min=float(draft_p_min), synth_rates=list(synth_rates or []))))
         self._chat_templates = _chat.templates_for(self, chat_format, kwargs.get("chat_handler"), chat_template)
         if self._chat_templates is not None:
             self.chat_format = _chat.LAYER_FORMAT
@@ -547,12 +550,15 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
 
     def engine_stats(self) -> dict:
         """The engine's steps so far, the target's and the draft's graphs (ubatches) over them, the
-        most slots busy in one step, the busy slots summed over the steps, and ``cost_prior``:
-        draft_max="auto"'s (else None, see :meth:`engine.prior.CostPrior.describe`)."""
+        most slots busy in one step, the busy slots summed over the steps, ``cost_prior``:
+        draft_max="auto"'s (else None, see :meth:`engine.prior.CostPrior.describe`), and
+        ``acceptance_prior``: the saved acceptance its first request started from (the file), or
+        None."""
         e = self._engine
         return {"steps": e.steps, "graphs_target": e.graphs_target, "graphs_draft": e.graphs_draft,
                 "slots": len(e.slots), "slots_busy_max": e.peak_busy, "busy_slot_steps": e.busy_slot_steps,
-                "cost_prior": e.prior.describe() if e.prior is not None else None}
+                "cost_prior": e.prior.describe() if e.prior is not None else None,
+                "acceptance_prior": e.acceptance_from}
 
     def draft_lengths(self) -> dict:
         """The draft lengths the engine's steps asked for since the model loaded (0: a plain

@@ -202,3 +202,59 @@ def test_a_gpu_like_clock_picks_the_longest_accepted_length(full_path, costs_fol
     assert max(lengths, key=lengths.get) == CAP and lengths[CAP] >= 6, lengths
     # no plain step but where the request's end leaves no room for a draft
     assert lengths.get(0, 0) <= 1 and t["draft_n_accepted"] == t["draft_n"], lengths
+
+
+def test_a_fresh_process_starts_from_the_acceptance_the_model_pairs_last_request_left(full_path, costs_folder,
+                                                                                      monkeypatch):
+    # the first load of a head that always agrees: its first request probes (1, then 2, 4 tokens)
+    # before it drafts the cap; the acceptance it leaves is saved as the request ends
+    machine = FakeMachine(GPU)
+    with _auto(full_path, machine, monkeypatch) as llm:
+        assert llm.engine_stats()["acceptance_prior"] is None
+        first = _lengths(llm, n=30)
+    saved = list(costs_folder.glob("acceptance-*.json"))
+    assert len(saved) == 1, saved
+    state = json.loads(saved[0].read_text())["state"]
+    assert state["limit"] == CAP and state["seen"] == CAP and min(state["p"]) > 0.9, state
+    assert first.get(2, 0) == 1 and first.get(4, 0) == 1, first  # the probes' doubling
+    # a later load of the same pair (any threads: acceptance is the pair's, not the machine's)
+    # drafts the cap from its first step, as a second request in one process would
+    with Llama(full_path, draft="mtp", draft_max="auto", n_threads=2, **KW) as llm:
+        assert llm.engine_stats()["acceptance_prior"] == str(saved[0])
+        again = _lengths(llm, n=30)
+    # no doubling: the cap from the first draft (a shorter one only where the request's end
+    # leaves no room for the cap)
+    assert not {2, 3, 4, 5} & set(again) and again[CAP] >= 4 and again.get(1, 0) <= 1, again
+    # another draft option (p_min) is another pair's: a fresh start, probing again
+    with Llama(full_path, draft="mtp", draft_max="auto", draft_p_min=0.01, **KW) as llm:
+        assert llm.engine_stats()["acceptance_prior"] is None
+        other = _lengths(llm, n=30)
+    assert other.get(2, 0) == 1 and other.get(4, 0) == 1, other
+    assert len(list(costs_folder.glob("acceptance-*.json"))) == 2
+
+
+def test_a_saved_acceptance_that_is_not_ours_is_a_fresh_start(full_path, costs_folder, monkeypatch):
+    machine = FakeMachine(GPU)
+    with _auto(full_path, machine, monkeypatch) as llm:
+        _lengths(llm, n=12)
+    (path,) = costs_folder.glob("acceptance-*.json")
+    doc = json.loads(path.read_text())
+    for bad in ("not json", json.dumps(dict(doc, state=dict(doc["state"], p="x"))),
+                json.dumps(dict(doc, state=[1, 2])), json.dumps(dict(doc, version=0))):
+        path.write_text(bad)
+        with _auto(full_path, machine, monkeypatch) as llm:
+            assert llm.engine_stats()["acceptance_prior"] is None, bad
+            assert llm._engine.length_prior is None
+    # figures out of range are clamped, not trusted
+    got = AdaptiveLength.from_state(dict(p=[1.5, -1, 0.5], misses=-2, limit=99, seen=99))
+    assert got.p == [1.0, 0.0, 0.5] + [1.0] * (CAP - 3) and (got.misses, got.limit, got.seen) == (0, CAP, CAP)
+    assert AdaptiveLength.from_state(got.state()).state() == got.state()
+
+
+def test_without_a_cache_folder_no_acceptance_is_saved(full_path, tmp_path, monkeypatch):
+    monkeypatch.setenv(prior_mod.COSTS_ENV, "off")
+    machine = FakeMachine(GPU)
+    for _ in range(2):
+        with _auto(full_path, machine, monkeypatch) as llm:
+            assert llm.engine_stats()["acceptance_prior"] is None
+            assert _lengths(llm, n=12).get(2, 0) == 1  # each first request probes, doubling

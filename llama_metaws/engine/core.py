@@ -32,7 +32,7 @@ from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_EVERY, DE
                           CheckpointStore, PrefixReuse)
 from .drafting import AdaptiveLength, MTPHead
 from .policy import DraftPolicy, StepCosts
-from .prior import CostPrior, calibrate
+from .prior import CostPrior, calibrate, read_acceptance, save_acceptance
 from . import shift, synthetic
 from .execute import DecodeError, Verdict, execute, feed_lags
 from .request import DraftStats, Output, Request
@@ -162,6 +162,9 @@ class Engine:
         self.waiting: Deque[Request] = collections.deque()
         self.total = DraftStats()
         self.length_prior = None  # draft_max="auto": the acceptance a new request starts from
+        self.acceptance_key: Optional[dict] = None  # where it is saved for a later process (prior.py)
+        self.acceptance_from: Optional[str] = None  # the saved file it started from, if any
+        self._acceptance_dirty = False              # a draft was verified since it was last saved
         self.last: Optional[Request] = None   # the request that ended last
         self.steps = 0
         self.peak_busy = 0                   # the most slots busy in one step
@@ -434,6 +437,7 @@ class Engine:
             if v.verdict_known and v.drafted:  # this step's verdict, before the next length is chosen
                 length.update(v.drafted, v.accepted)
                 self.length_prior = length  # the next request's estimates start here
+                self._acceptance_dirty = True
             length.drift()
         base = 0  # the next step's prompt tokens, as far as they are known now
         for v in verdicts:
@@ -534,6 +538,30 @@ class Engine:
         self.policy = DraftPolicy(self.costs, primed=True)  # every size timed: the first explore waits
         return self.prior
 
+    def remember_acceptance(self, key: dict) -> Optional[str]:
+        """draft_max="auto": the acceptance a model pair's requests left in the user cache under
+        ``key`` (:func:`~.prior.acceptance_key`) is where the next request starts (as a second
+        request in one process does), and what each request that drafted leaves is saved there
+        as it ends. The saved file it started from; None where none was."""
+        if not self.adaptive or self.head is None:
+            return None
+        self.acceptance_key = key
+        got = read_acceptance(key)
+        if got is not None:
+            try:
+                self.length_prior = AdaptiveLength.from_state(got[0])
+                self.acceptance_from = got[1]
+            except (KeyError, TypeError, ValueError):  # a file not ours to read: a fresh start
+                self.length_prior = None
+        return self.acceptance_from
+
+    def save_acceptance(self) -> None:
+        """What the last verified draft left (:attr:`length_prior`) saved under
+        :attr:`acceptance_key`, if a draft was verified since the last save."""
+        if self._acceptance_dirty and self.acceptance_key is not None and self.length_prior is not None:
+            self._acceptance_dirty = False
+            save_acceptance(self.acceptance_key, self.length_prior.state())
+
     def graphs_of_draft(self, segments) -> int:
         """The graphs the MTP draft context computed catching up with a step of these segments
         (its KV cache: a stream per sequence without kv_unified, the same split as the target's
@@ -562,6 +590,7 @@ class Engine:
             return
         r.finish = reason
         self.last = r
+        self.save_acceptance()
         r.emit(Output(list(tokens or []), rows=rows, prompt_rows=prompt_rows, finish=reason))
 
     def fail(self, slot: Slot, error: BaseException) -> None:

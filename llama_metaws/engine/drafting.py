@@ -65,7 +65,9 @@ class AdaptiveLength:
     weighed at their start, it paid for three to five on one CPU thread). A new request's
     estimates start from ``prior``'s (the engine passes the slot that verified a draft last): the
     same model pair tends to agree as often on the next request, and a fresh start would probe
-    again.
+    again. Across processes the same holds through the user cache (:meth:`state`,
+    :func:`~.prior.save_acceptance`): a fresh process of the same model pair starts where the last
+    one left off.
     """
 
     CAP = AUTO_DRAFT_MAX
@@ -79,6 +81,24 @@ class AdaptiveLength:
         self.misses = prior.misses if prior is not None else 0  # drafts cut short, in a row
         self.limit = prior.limit if prior is not None else 1    # see the class docstring
         self.seen = prior.seen if prior is not None else 0      # the depths that had a verdict
+
+    def state(self) -> dict:
+        """What a later process starts from (:func:`~.prior.save_acceptance`): the estimates, the
+        drafts cut short in a row, the limit and the depths that had a verdict."""
+        return dict(p=[round(x, 6) for x in self.p], misses=self.misses, limit=self.limit, seen=self.seen)
+
+    @classmethod
+    def from_state(cls, state: dict) -> "AdaptiveLength":
+        """An :class:`AdaptiveLength` with :meth:`state`'s figures (clamped to their ranges; depths
+        beyond :attr:`CAP` dropped, missing ones at 1.0); ValueError (or TypeError) where they are
+        not numbers."""
+        out = cls()
+        p = [min(1.0, max(0.0, float(x))) for x in list(state["p"])[:cls.CAP]]
+        out.p = p + [1.0] * (cls.CAP - len(p))
+        out.misses = max(0, int(state["misses"]))
+        out.limit = max(1, min(cls.CAP, int(state["limit"])))
+        out.seen = max(0, min(cls.CAP, int(state["seen"])))
+        return out
 
     @property
     def estimates(self) -> List[float]:

@@ -22,6 +22,14 @@ one-slot draft decode, timed again), and where one is off the saved figure by mo
 :data:`DRIFT` either way the whole curve is measured again and saved. So the first load of a
 model with given options pays for the whole curve (about ``(cap + 1)(cap + 2) / 2`` one-token
 decodes on a CPU, where a batch costs its tokens), a later one for a few decodes.
+
+The acceptance is kept there too (:func:`save_acceptance`, one file per model pair and draft
+options, :func:`acceptance_key`; whatever the threads and the host): the per-depth estimates
+(:class:`~.drafting.AdaptiveLength`) a model pair's last request left, saved as each request
+that drafted ends. A fresh process of the same pair starts its first request from them
+(:func:`read_acceptance`), as a second request in one process does: where the head never
+agreed it need not probe again, and where it always did it drafts its length from the first
+step. The estimates go on drifting up and adapting to each request's content as before.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..native.binding import llama_cpp
 
 __all__ = ["CostPrior", "calibrate", "cost_key", "cost_options", "costs_dir", "COSTS_ENV", "DRIFT", "REPS",
-           "PLAIN_REPS", "BUDGET_SHARE"]
+           "PLAIN_REPS", "BUDGET_SHARE", "acceptance_key", "read_acceptance", "save_acceptance"]
 
 #: ``LLAMA_METAWS_COSTS``: the folder of the saved curves (``off``: none read or saved)
 COSTS_ENV = "LLAMA_METAWS_COSTS"
@@ -261,6 +269,58 @@ def _write(path: Path, key: dict, curves: Curves) -> None:
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only cache: the next load measures again
+
+
+def acceptance_key(model_path: str, draft: Optional[dict] = None) -> dict:
+    """What a saved acceptance belongs to: the model file (real path, size, modification time; the
+    MTP head is in it) and ``draft`` (the options that change what a draft is: ``p_min``, a
+    synthetic acceptance)."""
+    st = os.stat(model_path)
+    return dict(kind="acceptance", model=[os.path.realpath(model_path), st.st_size, st.st_mtime_ns],
+                draft=draft or {})
+
+
+def _acceptance_path(key: dict) -> Optional[Path]:
+    folder = costs_dir()
+    if folder is None:
+        return None
+    path = _key_path(folder, key)
+    return path.with_name(f"acceptance-{path.name}")
+
+
+def read_acceptance(key: dict) -> Optional[Tuple[dict, str]]:
+    """The acceptance state saved under ``key`` (:meth:`~.drafting.AdaptiveLength.state`) and its
+    file; None where none is (or ``LLAMA_METAWS_COSTS=off``, or the file is not ours)."""
+    path = _acceptance_path(key)
+    if path is None or not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("version") != VERSION or doc.get("key") != json.loads(json.dumps(key, default=str)):
+            return None
+        state = doc["state"]
+        if not isinstance(state, dict):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return state, str(path)
+
+
+def save_acceptance(key: dict, state: dict) -> Optional[str]:
+    """Save ``state`` under ``key`` (atomically; a read-only cache: nothing saved); its file."""
+    path = _acceptance_path(key)
+    if path is None:
+        return None
+    doc = dict(version=VERSION, key=key, saved=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+               state=state)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        os.replace(tmp, path)
+    except OSError:
+        return None
+    return str(path)
 
 
 def calibrate(engine, key: Optional[dict] = None, load_s: Optional[float] = None) -> CostPrior:
