@@ -68,6 +68,7 @@ from .engine.contexts import split_mode_value
 from .engine.core import Engine
 from .engine.drafting import AdaptiveLength
 from .engine.gguf_meta import nextn_layers as _gguf_nextn_layers
+from .engine.limits import check_draft_max
 from .engine.request import DraftStatsReport, Request, timings_of
 from .engine.samplers import SamplingParams
 from .engine.workspace import MODES as WORKSPACE_MODES
@@ -243,10 +244,8 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
                     f"({arch}.nextn_predict_layers is missing or 0). Use draft=None, or an MTP model "
                     f"(qwen35, qwen3next, glm4-moe, deepseek2, ...)")
             model_fields["load_mtp"] = True
-            n_ubatch = kwargs.get("n_ubatch", 512)
-            if draft_max + 1 > min(kwargs.get("n_batch", 512), n_ubatch):
-                raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} "
-                                 "tokens must fit n_batch and n_ubatch")
+            check_draft_max(draft_max, min(kwargs.get("n_batch", 512), kwargs.get("n_ubatch", 512)),
+                            fit="n_batch and n_ubatch")
         elif proposer is not None:
             draft_max = min(PROPOSER_MAX, kwargs.get("n_batch", 512) - 1)
 
@@ -258,10 +257,9 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
             n_batch=kwargs.get("n_batch", 512), logits_all=bool(kwargs.get("logits_all", False)))
         if kv_unified:
             context_fields["kv_unified"] = True
-        # llama_cpp.Llama.__init__ makes its params with the binding's default-params calls and
-        # assigns them to self.model_params / self.context_params before it loads anything: the
-        # properties below add our fields there, on this instance alone (no other thread or
-        # instance can see them), by the names the structs declare
+        # llama_cpp.Llama.__init__ assigns its default params to self.model_params / context_params
+        # before it loads anything: the descriptors add our fields there, on this instance alone (no
+        # other thread or instance can see them), by the names the structs declare
         self._model_fields, self._context_fields = model_fields, context_fields
         self._chat_templates = None
         chat_format = kwargs.pop("chat_format", None)
@@ -298,12 +296,11 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
             self._engine.workspace = self._workspace
             self._stack.callback(self._workspace.close)  # before the engine stops (LIFO)
         self._rpc.check(self._ctx.ctx)  # the weights reached every server
-        if adaptive and draft == "mtp":  # the costs the policy starts from (engine.prior)
+        if adaptive and draft == "mtp":  # the costs and the acceptance the policy starts from (engine.prior)
             key = _prior.cost_key(model_path, _prior.cost_options(self.context_params, self.model_params), dict(
                 devices=list(devices or []), rpc=bool(self._rpc), tensor_split=list(tensor_split or []),
                 workspace=[phase_aware_workspace, workspace_mode]))
             self._engine.calibrate(key, load_s=time.perf_counter() - t_load)
-            # where the model pair's last requests left their acceptance (engine.prior)
             self._engine.remember_acceptance(_prior.acceptance_key(model_path, dict(
                 p_min=float(draft_p_min), synth_rates=list(synth_rates or []))))
         self._chat_templates = _chat.templates_for(self, chat_format, kwargs.get("chat_handler"), chat_template)
@@ -558,7 +555,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         return {"steps": e.steps, "graphs_target": e.graphs_target, "graphs_draft": e.graphs_draft,
                 "slots": len(e.slots), "slots_busy_max": e.peak_busy, "busy_slot_steps": e.busy_slot_steps,
                 "cost_prior": e.prior.describe() if e.prior is not None else None,
-                "acceptance_prior": e.acceptance_from}
+                "acceptance_prior": e.saved_acceptance.path if e.saved_acceptance is not None else None}
 
     def draft_lengths(self) -> dict:
         """The draft lengths the engine's steps asked for since the model loaded (0: a plain

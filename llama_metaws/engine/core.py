@@ -32,9 +32,10 @@ from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_EVERY, DE
                           CheckpointStore, PrefixReuse)
 from .drafting import AdaptiveLength, MTPHead
 from .policy import DraftPolicy, StepCosts
-from .prior import CostPrior, calibrate, read_acceptance, save_acceptance
+from .prior import CostPrior, SavedAcceptance, calibrate
 from . import shift, synthetic
 from .execute import DecodeError, Verdict, execute, feed_lags
+from .limits import check_draft_max
 from .request import DraftStats, Output, Request
 from .samplers import SlotSampler
 from .schedule import Segment, n_graphs, schedule
@@ -127,17 +128,8 @@ class Engine:
         self.draft_max = int(draft_max) if drafting else 0
         self.adaptive = adaptive and draft is not None
         if drafting:
-            if isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1:
-                raise ValueError(f"draft_max must be an integer >= 1, got {draft_max!r}")
-            if draft_max + 1 > min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx)) if draft else self.n_batch):
-                raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} tokens must "
-                                 f"fit n_batch")
-            if self.recurrent and self.n_rs_seq < draft_max:
-                raise ValueError(f"the target has recurrent state: its context needs n_rs_seq >= draft_max "
-                                 f"({draft_max}), it has {self.n_rs_seq}")
-            if self.recurrent and draft_max + 1 > self.n_ubatch:
-                raise ValueError(f"draft_max={draft_max}: the verification batch must fit one target ubatch "
-                                 f"(n_ubatch {self.n_ubatch})")
+            n_batch = min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx))) if draft else self.n_batch
+            check_draft_max(draft_max, n_batch, n_rs_seq=self.n_rs_seq if self.recurrent else None, n_ubatch=self.n_ubatch)
         if synth_rates and not drafting:
             raise ValueError("synthetic acceptance requires drafting")
         self.synth_probs = synthetic.conditional(synth_rates)  # empty: verification by match
@@ -162,9 +154,7 @@ class Engine:
         self.waiting: Deque[Request] = collections.deque()
         self.total = DraftStats()
         self.length_prior = None  # draft_max="auto": the acceptance a new request starts from
-        self.acceptance_key: Optional[dict] = None  # where it is saved for a later process (prior.py)
-        self.acceptance_from: Optional[str] = None  # the saved file it started from, if any
-        self._acceptance_dirty = False              # a draft was verified since it was last saved
+        self.saved_acceptance: Optional[SavedAcceptance] = None  # where it is kept for a later process
         self.last: Optional[Request] = None   # the request that ended last
         self.steps = 0
         self.peak_busy = 0                   # the most slots busy in one step
@@ -437,7 +427,8 @@ class Engine:
             if v.verdict_known and v.drafted:  # this step's verdict, before the next length is chosen
                 length.update(v.drafted, v.accepted)
                 self.length_prior = length  # the next request's estimates start here
-                self._acceptance_dirty = True
+                if self.saved_acceptance is not None:
+                    self.saved_acceptance.dirty = True
             length.drift()
         base = 0  # the next step's prompt tokens, as far as they are known now
         for v in verdicts:
@@ -539,28 +530,14 @@ class Engine:
         return self.prior
 
     def remember_acceptance(self, key: dict) -> Optional[str]:
-        """draft_max="auto": the acceptance a model pair's requests left in the user cache under
-        ``key`` (:func:`~.prior.acceptance_key`) is where the next request starts (as a second
-        request in one process does), and what each request that drafted leaves is saved there
-        as it ends. The saved file it started from; None where none was."""
+        """draft_max="auto": the acceptance is kept in the user cache under ``key``
+        (:class:`~.prior.SavedAcceptance`): the next request starts from what was saved there, and
+        each request that drafted saves what it left as it ends. The saved file it started from."""
         if not self.adaptive or self.head is None:
             return None
-        self.acceptance_key = key
-        got = read_acceptance(key)
-        if got is not None:
-            try:
-                self.length_prior = AdaptiveLength.from_state(got[0])
-                self.acceptance_from = got[1]
-            except (KeyError, TypeError, ValueError):  # a file not ours to read: a fresh start
-                self.length_prior = None
-        return self.acceptance_from
-
-    def save_acceptance(self) -> None:
-        """What the last verified draft left (:attr:`length_prior`) saved under
-        :attr:`acceptance_key`, if a draft was verified since the last save."""
-        if self._acceptance_dirty and self.acceptance_key is not None and self.length_prior is not None:
-            self._acceptance_dirty = False
-            save_acceptance(self.acceptance_key, self.length_prior.state())
+        self.saved_acceptance = SavedAcceptance(key)
+        self.length_prior = self.saved_acceptance.load() or self.length_prior
+        return self.saved_acceptance.path
 
     def graphs_of_draft(self, segments) -> int:
         """The graphs the MTP draft context computed catching up with a step of these segments
@@ -590,7 +567,8 @@ class Engine:
             return
         r.finish = reason
         self.last = r
-        self.save_acceptance()
+        if self.saved_acceptance is not None:
+            self.saved_acceptance.save(self.length_prior)
         r.emit(Output(list(tokens or []), rows=rows, prompt_rows=prompt_rows, finish=reason))
 
     def fail(self, slot: Slot, error: BaseException) -> None:

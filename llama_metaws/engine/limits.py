@@ -63,4 +63,21 @@ def output_limits(n_seq_max: int, draft_max: int, n_batch: int, *, logits_all: b
     return OutputLimits(target, draft)
 
 
-__all__ = ["AUTO_DRAFT_MAX", "OutputLimit", "OutputLimits", "output_limits"]
+__all__ = ["AUTO_DRAFT_MAX", "OutputLimit", "OutputLimits", "output_limits", "check_draft_max"]
+
+
+def check_draft_max(draft_max, n_batch: int, *, n_rs_seq=None, n_ubatch: int = 0, fit: str = "n_batch") -> None:
+    """Raise ValueError unless a draft of ``draft_max`` tokens can be verified: an integer >= 1
+    whose verification batch (``draft_max + 1`` tokens) fits ``n_batch`` (the least of the sizes
+    named by ``fit``); a target with recurrent state (``n_rs_seq``, else None) keeps a state per
+    draft position and verifies in one ubatch (``n_ubatch``)."""
+    if isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1:
+        raise ValueError(f"draft_max must be an integer >= 1, got {draft_max!r}")
+    if draft_max + 1 > n_batch:
+        raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} tokens must fit {fit}")
+    if n_rs_seq is not None and n_rs_seq < draft_max:
+        raise ValueError(f"the target has recurrent state: its context needs n_rs_seq >= draft_max "
+                         f"({draft_max}), it has {n_rs_seq}")
+    if n_rs_seq is not None and draft_max + 1 > n_ubatch:
+        raise ValueError(f"draft_max={draft_max}: the verification batch must fit one target ubatch "
+                         f"(n_ubatch {n_ubatch})")

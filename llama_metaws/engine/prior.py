@@ -47,7 +47,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..native.binding import llama_cpp
 
 __all__ = ["CostPrior", "calibrate", "cost_key", "cost_options", "costs_dir", "COSTS_ENV", "DRIFT", "REPS",
-           "PLAIN_REPS", "BUDGET_SHARE", "acceptance_key", "read_acceptance", "save_acceptance"]
+           "PLAIN_REPS", "BUDGET_SHARE", "acceptance_key", "read_acceptance", "save_acceptance", "SavedAcceptance"]
 
 #: ``LLAMA_METAWS_COSTS``: the folder of the saved curves (``off``: none read or saved)
 COSTS_ENV = "LLAMA_METAWS_COSTS"
@@ -321,6 +321,39 @@ def save_acceptance(key: dict, state: dict) -> Optional[str]:
     except OSError:
         return None
     return str(path)
+
+
+class SavedAcceptance:
+    """draft_max="auto": where a model pair's acceptance (the engine's ``length_prior``, an
+    :class:`~.drafting.AdaptiveLength`) is kept between processes, under ``key``
+    (:func:`acceptance_key`): :meth:`load` is where a fresh process's first request starts (as a
+    second request in one process does), :meth:`save` runs as each request ends."""
+
+    def __init__(self, key: dict):
+        self.key = key
+        self.path: Optional[str] = None  # the saved file the first request started from, if any
+        self.dirty = False               # a draft was verified since the last save
+
+    def load(self):
+        """The saved acceptance (an :class:`~.drafting.AdaptiveLength`), or None: none saved, or
+        a file not ours to read (a fresh start)."""
+        from .drafting import AdaptiveLength
+
+        got = read_acceptance(self.key)
+        if got is None:
+            return None
+        try:
+            length = AdaptiveLength.from_state(got[0])
+        except (KeyError, TypeError, ValueError):
+            return None
+        self.path = got[1]
+        return length
+
+    def save(self, length) -> None:
+        """``length``'s state saved, if a draft was verified since the last save."""
+        if self.dirty and length is not None:
+            self.dirty = False
+            save_acceptance(self.key, length.state())
 
 
 def calibrate(engine, key: Optional[dict] = None, load_s: Optional[float] = None) -> CostPrior:
