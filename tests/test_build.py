@@ -196,7 +196,10 @@ OTHER_CONCERNS = {"0011-llama-recurrent-seq_rm-refuses-what-its-snapshots-ca.pat
                   "0023-llama-qwen35-s-MTP-block-runs-past-attention-on-its-.patch": 15,
                   "0024-llama-a-recurrent-state-as-it-stood-a-few-positions-.patch": 100,
                   # output rows sized as llama-server sizes them: a batch beyond them is an error
-                  "0025-llama-decode-refuses-a-batch-beyond-the-context-s-li.patch": 15}
+                  "0025-llama-decode-refuses-a-batch-beyond-the-context-s-li.patch": 15,
+                  # a one-token step with rollback snapshots: no state copies that nothing reads
+                  "0026-ggml-cpu-gated_delta_net-writes-a-one-token-step-s-st.patch": 10,
+                  "0027-llama-delta-net-writes-the-conv-state-rollback-groups.patch": 10}
 
 
 def _production_lines(patch: Path) -> int:
