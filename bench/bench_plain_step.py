@@ -37,6 +37,7 @@ CONFIGS = ("no drafting", "snapshots, no drafting", "auto")
 
 def child(spec: dict) -> dict:
     import llama_metaws  # noqa: F401
+    import llama_cpp
     import llama_metaws.llama as _llama
     from llama_metaws import Llama
     from llama_metaws.engine.limits import AUTO_DRAFT_MAX
@@ -55,7 +56,6 @@ def child(spec: dict) -> dict:
     with Llama(spec["model"], **kw) as llm:
         out = llm.create_completion(spec["prompt"], max_tokens=spec["tokens"], temperature=0.0)
         t = llm.timings()
-        import llama_cpp
         n_rs = int(llama_cpp.llama_n_rs_seq(llm._ctx.ctx))
     return dict(decode_tps=t["decode_tokens_per_s"], text=out["choices"][0]["text"], n_rs_seq=n_rs,
                 lengths=t.get("draft_lengths"))

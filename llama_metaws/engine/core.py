@@ -129,7 +129,8 @@ class Engine:
         self.adaptive = adaptive and draft is not None
         if drafting:
             n_batch = min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx))) if draft else self.n_batch
-            check_draft_max(draft_max, n_batch, n_rs_seq=self.n_rs_seq if self.recurrent else None, n_ubatch=self.n_ubatch)
+            check_draft_max(draft_max, n_batch, n_ubatch=self.n_ubatch,
+                            n_rs_seq=self.n_rs_seq if self.recurrent else None)
         if synth_rates and not drafting:
             raise ValueError("synthetic acceptance requires drafting")
         self.synth_probs = synthetic.conditional(synth_rates)  # empty: verification by match
