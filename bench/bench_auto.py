@@ -69,6 +69,7 @@ def child(spec: dict) -> dict:
                 tokens=out["usage"]["completion_tokens"], load_s=load_s,
                 drafted=st.drafted if st else 0, accepted=st.accepted if st else 0,
                 plain_share=t.get("plain_steps_share"), lengths=t.get("draft_lengths"),
+                shadows=t.get("shadow_drafts", 0),
                 acceptance_saved=bool(accepted_from),
                 prior=None if prior is None else {k: prior[k] for k in ("source", "seconds", "wall_s", "load_s",
                                                                         "target_ms", "catch_up_ms", "draft_ms")})
@@ -112,6 +113,7 @@ def measure(a: argparse.Namespace) -> dict:
                     p = r["prior"]
                     extra = f", prior {p['source']} {p['seconds']:.2f} s" if p else ""
                     extra += ", saved acceptance" if r.get("acceptance_saved") else ""
+                    extra += f", {r['shadows']} shadow draft(s)" if r.get("shadows") else ""
                     print(f"  [{rep + 1}/{a.runs}] a={ag} {name:<24} decode {r['decode_tps']:6.2f} t/s, "
                           f"lengths {r['lengths']}{extra} ({time.monotonic() - t0:.0f} s)", flush=True)
     return dict(results=results, models={ag: p.name for ag, p in models.items()})

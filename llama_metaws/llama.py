@@ -580,8 +580,8 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         first draft, so the prompt phase is the ``prompt_n - 1`` tokens before it and the decode
         phase every step after it. ``draft_n`` / ``draft_n_accepted``: the request's drafts;
         ``draft_lengths``: the draft lengths its steps asked for (0: a plain decode step) and how
-        often, ``plain_steps_share`` the share of plain steps.
-        """
+        often, ``plain_steps_share`` the share of plain steps; ``shadow_drafts``: ``"auto"``'s
+        scouts drafted on the side of a plain step (not verified, not in ``draft_n``)."""
         r = getattr(self._local, "request", None) or (self._engine.last if self._engine is not None else None)
         if r is None:
             return timings_of(Request([0]))

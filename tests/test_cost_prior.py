@@ -258,3 +258,70 @@ def test_without_a_cache_folder_no_acceptance_is_saved(full_path, tmp_path, monk
         with _auto(full_path, machine, monkeypatch) as llm:
             assert llm.engine_stats()["acceptance_prior"] is None
             assert _lengths(llm, n=12).get(2, 0) == 1  # each first request probes, doubling
+
+
+# a CPU whose 2-token batch costs what its tile does (3 decodes), up to 7 tokens: a draft of 1 or
+# 2 never pays, one of 4 or more does where the head agrees
+TILE = dict(target=lambda n: 0.010 if n == 1 else 0.030, catch_up=lambda n: 0.001 * n, draft=lambda m: 0.001 * m)
+
+
+@pytest.fixture(scope="module")
+def never_path(models_dir):
+    return str(make_tiny_mtp_model(models_dir / "prior-never.gguf", seed=31, agreement=0.0))
+
+
+def test_a_scout_of_a_plain_step_is_a_shadow_draft_judged_by_the_tokens_that_follow(full_path, never_path,
+                                                                                   costs_folder, monkeypatch):
+    machine = FakeMachine(TILE)
+    # a head that always agrees: the probes (1, then 2 tokens) are drafted on the side of plain
+    # steps, never verified (no target batch of 2 or 3 tokens), and the limit they grow reaches
+    # the drafts that pay (3 tokens and more)
+    with _auto(full_path, machine, monkeypatch) as llm:
+        first = _lengths(llm)
+        t = llm.timings()
+    assert t["shadow_drafts"] == 2 and not {1, 2} & set(first), (t["shadow_drafts"], first)
+    assert first.get(4, 0) + first.get(CAP, 0) >= 4 and t["draft_n_accepted"] == t["draft_n"] > 0, first
+    # a head that never agrees: one shadow draft, missed; no draft is verified, no step is longer
+    # than a plain one, and the text is no drafting's
+    with Llama(never_path, **KW) as plain:
+        want = plain.create_completion(PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
+    with _auto(never_path, machine, monkeypatch) as llm:
+        got = llm.create_completion(PROMPT, max_tokens=40, temperature=0.0)["choices"][0]["text"]
+        t = llm.timings()
+        total = llm.draft_stats.total
+    assert got == want and t["draft_lengths"] == {0: 40} and t["draft_n"] == 0, t
+    assert t["shadow_drafts"] == 1 == total.shadows and total.drafted == 0
+    # the miss was judged: the saved acceptance has it (the estimate drifted up since)
+    saved = [json.loads(p.read_text())["state"] for p in costs_folder.glob("acceptance-*.json")]
+    assert any((s["misses"], s["seen"], s["limit"]) == (1, 1, 1) and s["p"][0] < 0.9 for s in saved), saved
+
+
+def test_with_synthetic_acceptance_a_scout_is_verified(never_path, costs_folder, monkeypatch):
+    # verification accepts at random there, not by match: a shadow draft could not be judged
+    machine = FakeMachine(TILE)
+    machine.install(monkeypatch)
+    with pytest.warns(RuntimeWarning):
+        llm = Llama(never_path, draft="mtp", draft_max="auto", draft_synth_rates=[1.0] * CAP, **KW)
+    with llm:
+        lengths = _lengths(llm)
+        t = llm.timings()
+    assert t["shadow_drafts"] == 0 and lengths.get(1, 0) == 1 and t["draft_n"] > 0, (t["shadow_drafts"], lengths)
+
+
+def test_a_shadow_draft_is_judged_token_by_token_as_the_target_samples_them():
+    length = AdaptiveLength()
+    length.shadow = [5, 6, 7]
+    assert not length.judge(0, 0, [5]) and length.shadow_kept == 1  # pending: one of three seen
+    assert not length.judge(0, 0, [6]) and length.p[0] == 1.0
+    assert length.judge(0, 0, [7, 9]) and length.shadow == [] and length.limit == 6 and length.seen == 3
+    length.shadow = [1, 2]
+    assert length.judge(0, 0, [1, 3]) and length.shadow == [] and (length.seen, length.limit) == (3, 2)
+    assert length.p[1] == pytest.approx(0.5) and length.misses == 1
+    # a verified draft's verdict and a shadow's in one step: both applied
+    length.shadow = [4]
+    assert length.judge(2, 2, [8, 8, 8]) and length.shadow == [] and length.p[0] == pytest.approx(0.5)
+    # a policy flags a scout of a plain slot only
+    policy = DraftPolicy(FixedCosts(TILE["target"], TILE["catch_up"], TILE["draft"]))
+    assert policy.choose([([1.0] * CAP, CAP)], limits=[1]) == [1] and policy.shadows == [True]
+    assert policy.choose([([1.0] * CAP, CAP)], limits=[4]) == [4] and policy.shadows == [False]
+    assert policy.choose([([1.0] * CAP, CAP)], limits=[6]) == [6] and policy.shadows == [False]

@@ -30,7 +30,7 @@ from ..native.binding import llama_cpp
 from .batch import Batch
 from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CTX_CHECKPOINTS,
                           CheckpointStore, PrefixReuse)
-from .drafting import AdaptiveLength, MTPHead
+from .drafting import AdaptiveLength, MTPHead, auto_lengths
 from .policy import DraftPolicy, StepCosts
 from .prior import CostPrior, SavedAcceptance, calibrate
 from . import shift, synthetic
@@ -419,25 +419,9 @@ class Engine:
         """The draft lengths of the next step for the slots that go on (``going``): each one's
         :meth:`draft_length`, or with ``draft_max="auto"`` the :class:`~.policy.DraftPolicy`'s
         choice within it, from each slot's acceptance (this step's verdicts applied first) and the
-        measured costs of the step."""
+        measured costs of the step (:func:`~.drafting.auto_lengths`)."""
         caps = [self.draft_length(v) for v in going]
-        if not self.adaptive:
-            return caps
-        for v in going:
-            length = v.segment.slot.length
-            if v.verdict_known and v.drafted:  # this step's verdict, before the next length is chosen
-                length.update(v.drafted, v.accepted)
-                self.length_prior = length  # the next request's estimates start here
-                if self.saved_acceptance is not None:
-                    self.saved_acceptance.dirty = True
-            length.drift()
-        base = 0  # the next step's prompt tokens, as far as they are known now
-        for v in verdicts:
-            seg = v.segment
-            if seg.kind == "prompt" and not seg.ends_prompt and v.finish is None:
-                base += min(seg.slot.prompt_end - (seg.pos0 + seg.n), self.n_batch)
-        return self.policy.choose([(v.segment.slot.length.estimates, cap) for v, cap in zip(going, caps)], base,
-                                  [v.segment.slot.length.limit for v in going])  # a probe, or twice what was kept
+        return auto_lengths(self, going, verdicts, caps) if self.adaptive else caps
 
     def decode_target(self, b: Batch, phase: str = "decoding") -> None:
         rc = llama_cpp.llama_decode(self.target.ctx, b.batch)

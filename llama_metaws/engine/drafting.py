@@ -14,7 +14,9 @@ slots) over the binding's low-level calls:
   ``p_min``), and the drafted positions are removed afterwards: the next catch-up fills them with
   the target's rows.
 
-:class:`AdaptiveLength` is ``draft_max="auto"``'s choice of a draft length per step.
+:class:`AdaptiveLength` is ``draft_max="auto"``'s acceptance per slot, and :func:`auto_lengths`
+its choice of the next step's draft lengths (a scout of a plain slot drafted on the side, a
+*shadow draft*: :meth:`AdaptiveLength.judge`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .batch import Batch
 from .limits import AUTO_DRAFT_MAX
 from .policy import acceptance_length, engine_clock
 
-__all__ = ["AdaptiveLength", "MTPHead", "top_probability", "P_MIN_TOP_K"]
+__all__ = ["AdaptiveLength", "MTPHead", "auto_lengths", "top_probability", "P_MIN_TOP_K"]
 
 P_MIN_TOP_K = 10  # llama.cpp's draft sampler: top-k 10, then a softmax over those
 
@@ -81,6 +83,8 @@ class AdaptiveLength:
         self.misses = prior.misses if prior is not None else 0  # drafts cut short, in a row
         self.limit = prior.limit if prior is not None else 1    # see the class docstring
         self.seen = prior.seen if prior is not None else 0      # the depths that had a verdict
+        self.shadow: List[int] = []  # a shadow draft's tokens not judged yet (:meth:`judge`)
+        self.shadow_kept = 0         # ... and how many of them the target sampled so far
 
     def state(self) -> dict:
         """What a later process starts from (:func:`~.prior.save_acceptance`): the estimates, the
@@ -126,6 +130,32 @@ class AdaptiveLength:
         self.drift()
         return self.n
 
+    def judge(self, drafted: int, accepted: int, tokens: Sequence[int]) -> bool:
+        """A step's verdicts: a verified draft's (``drafted`` tokens, the first ``accepted`` kept;
+        none: 0), then the pending shadow draft's (:attr:`shadow`) against ``tokens``, what the
+        target sampled this step, in order. True where either was applied (:meth:`update`).
+
+        A *shadow draft* is a scout drafted on the side of a plain step: the draft context
+        proposes its tokens, the target does not verify them, and each is judged against the
+        token the target samples at its position in the steps that follow (kept while they are
+        equal, as verification keeps a draft token). It costs the draft decodes alone, where a
+        verified scout costs a longer target batch too (on a CPU a 2-token batch took up to 3.2
+        one-token decodes), and what it teaches is the same."""
+        judged = bool(drafted)
+        if drafted:
+            self.update(drafted, accepted)
+        for token in tokens if self.shadow else ():
+            if token != self.shadow[self.shadow_kept]:
+                break
+            self.shadow_kept += 1
+            if self.shadow_kept == len(self.shadow):
+                break
+        else:
+            return judged
+        self.update(len(self.shadow), self.shadow_kept)
+        self.shadow, self.shadow_kept = [], 0
+        return True
+
     def update(self, drafted: int, accepted: int) -> None:
         """A draft of ``drafted`` tokens was verified, its first ``accepted`` kept."""
         for d in range(min(drafted, accepted + 1)):  # depths with a verdict
@@ -138,6 +168,37 @@ class AdaptiveLength:
             # where that batch size was cheaper: the limit must not hold it there)
             grown = max(accepted, self.limit) if accepted == drafted else accepted
             self.limit = max(1, min(self.CAP, 2 * grown))
+
+
+def auto_lengths(engine, going, verdicts, caps: List[int]) -> List[int]:
+    """``draft_max="auto"``: the next step's draft lengths for the slots that go on (``going``,
+    their :class:`~.execute.Verdict`; ``caps``: each one's longest draft). This step's verdicts
+    are judged first (a verified draft's, a shadow draft's: :meth:`AdaptiveLength.judge`), then
+    the estimates drift and the engine's :class:`~.policy.DraftPolicy` chooses. A scout of a
+    plain slot (:attr:`~.policy.DraftPolicy.shadows`) is a shadow draft (``Verdict.shadow``: its
+    tokens are proposed with the step's drafts and kept on the slot's :attr:`AdaptiveLength.shadow`,
+    not verified), unless one is pending there (no draft then) or acceptance is synthetic
+    (verified at random, not by match: the scout is verified)."""
+    for v in going:
+        length = v.segment.slot.length
+        if length.judge(v.drafted if v.verdict_known else 0, v.accepted, v.tokens):
+            engine.length_prior = length  # the next request's estimates start here
+            if engine.saved_acceptance is not None:
+                engine.saved_acceptance.dirty = True
+        length.drift()
+    base = 0  # the next step's prompt tokens, as far as they are known now
+    for v in verdicts:
+        seg = v.segment
+        if seg.kind == "prompt" and not seg.ends_prompt and v.finish is None:
+            base += min(seg.slot.prompt_end - (seg.pos0 + seg.n), engine.n_batch)
+    lengths = [v.segment.slot.length for v in going]
+    ks = engine.policy.choose([(x.estimates, cap) for x, cap in zip(lengths, caps)], base,
+                              [x.limit for x in lengths])  # a probe, or twice what was kept
+    for i, (v, x) in enumerate(zip(going, lengths)):
+        v.shadow = bool(engine.policy.shadows[i] and ks[i]) and not engine.synth_probs
+        if v.shadow and x.shadow:
+            ks[i], v.shadow = 0, False
+    return ks
 
 
 class MTPHead:

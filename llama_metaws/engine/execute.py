@@ -15,7 +15,10 @@
    so greedy output equals no drafting and sampled output keeps the target's distribution; with
    synthetic acceptance, :mod:`.synthetic`, at random), and the rejected positions are removed
    from both contexts;
-5. the drafts of every slot that goes on, together, one draft decode per depth.
+5. the drafts of every slot that goes on, together, one draft decode per depth (with
+   ``draft_max="auto"``, a scout of a plain slot is a shadow draft: proposed with the others,
+   then kept on the slot's acceptance to be judged against the tokens the target samples next,
+   :meth:`~.drafting.AdaptiveLength.judge`; the step stays plain).
 
 What it found is a :class:`Verdict` per slot; :mod:`.update` applies them.
 """
@@ -58,6 +61,7 @@ class Verdict:
     verdict_known: bool = False               # every draft token was judged
     drafts: List[int] = dataclasses.field(default_factory=list)   # proposed for the next step
     draft_len: Optional[int] = None           # the length asked for (None: no draft step)
+    shadow: bool = False                      # the draft asked for is a shadow draft (not verified)
     recent: Dict[int, np.ndarray] = dataclasses.field(default_factory=dict)  # position -> row, held
 
 
@@ -126,7 +130,11 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
             proposed = head.propose([(v.segment.slot.seq_id, v.last, v.n, v.pending, n) for v, n in starts],
                                     on_depth)
             for v, _ in starts:
-                v.drafts = proposed.get(v.segment.slot.seq_id, [])
+                drafts = proposed.get(v.segment.slot.seq_id, [])
+                if v.shadow:  # judged against what the target samples next (AdaptiveLength.judge)
+                    v.segment.slot.length.shadow, v.draft_len = drafts, 0
+                else:
+                    v.drafts = drafts
         elif starts:  # a Python draft model (the binding's prompt lookup, ...)
             for v, n in starts:
                 r = v.segment.slot.request

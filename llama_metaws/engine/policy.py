@@ -29,7 +29,9 @@ shared: drafting for one slot makes every slot's step longer.
   slot's limit (a probe of one token first, then twice what it kept) bounds its length; where
   the limit alone keeps a slot from a draft that would pay, the slot *scouts*: it drafts its
   limit, and what it keeps doubles the limit (on a CPU a 2-token batch can cost two decodes,
-  and only a longer draft pays).
+  and only a longer draft pays). A scout of a slot whose best length is none is flagged
+  (:attr:`DraftPolicy.shadows`): the engine drafts it on the side of the plain step, unverified,
+  and judges it by the tokens that follow (:func:`~.drafting.auto_lengths`).
 
 Depths given up are tried again now and then: every step each estimate drifts up a little
 (``AdaptiveLength.RETRY``, less after each draft in a row that was cut short; the draft
@@ -227,6 +229,7 @@ class DraftPolicy:
         self.turn = 0  # whose turn it is to explore (see _try_one)
         self.every = 2 * self.EXPLORE if primed else self.EXPLORE  # the wait between explores
         self.next_explore = self.every  # the step that explores next
+        self.shadows: List[bool] = []  # per slot of the last choice: its length is a scout of a plain slot
 
     def choose(self, slots: Sequence[Tuple[Sequence[float], int]], base_tokens: int = 0,
                limits: Optional[Sequence[int]] = None) -> List[int]:
@@ -246,6 +249,7 @@ class DraftPolicy:
         towards that draft (see :meth:`_scout`)."""
         caps = [max(0, min(cap, len(p))) for p, cap in slots]
         held = caps if limits is None else [min(c, max(0, int(x))) for c, x in zip(caps, limits)]
+        self.shadows = [False] * len(slots)
         if not self.costs.known:
             return held
         self.steps += 1
@@ -271,10 +275,13 @@ class DraftPolicy:
         short of its limit ``held`` where the best length without limits (``free``) is longer
         than the limit drafts its limit. A fresh slot's limit is one token: a probe that is cheap
         where the head disagrees; kept, it doubles the limit, so a draft long enough to pay is
-        reached in a few steps. One slot a step: a scout is bought for the engine."""
+        reached in a few steps. One slot a step: a scout is bought for the engine. A scout of a
+        slot whose best length is none is flagged in :attr:`shadows`: the engine may draft it on
+        the side of the plain step, unverified (a shadow draft, :meth:`~.drafting.AdaptiveLength.judge`)."""
         for i in range(len(k)):
             s = (self.turn + i) % len(k)
             if free[s] > held[s] > k[s]:
+                self.shadows[s] = k[s] == 0
                 k[s] = held[s]
                 self.turn = s + 1
                 return
@@ -340,7 +347,7 @@ class DraftPolicy:
             else:
                 x = self._untimed(k, s, wanted[s], yields, base_tokens, best)
             if x is not None:
-                k[s] = x
+                k[s], self.shadows[s] = x, False
                 self.turn = s + 1
                 return
 

@@ -34,11 +34,14 @@ AHEAD = 1
 class DraftStats:
     """Draft tokens proposed and accepted, verification steps (a step that drafted), and
     ``lengths``: the draft length each decode step asked for -> how many steps (0: a plain
-    decode step; with ``draft_max="auto"`` the policy's choice)."""
+    decode step; with ``draft_max="auto"`` the policy's choice); ``shadows``: the shadow drafts
+    (``draft_max="auto"``'s scouts drafted on the side of a plain step, not verified: not in
+    ``drafted``)."""
 
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
+    shadows: int = 0
     lengths: Dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
@@ -56,6 +59,7 @@ class DraftStats:
         self.drafted += other.drafted
         self.accepted += other.accepted
         self.steps += other.steps
+        self.shadows += other.shadows
         for k, v in other.lengths.items():
             self.lengths[k] = self.lengths.get(k, 0) + v
 
@@ -280,6 +284,7 @@ def timings_of(r: Request) -> dict:
         "draft_n_accepted": r.stats.accepted,
         "draft_lengths": {int(k): int(v) for k, v in sorted(r.stats.lengths.items())},
         "plain_steps_share": r.stats.plain_steps_share,
+        "shadow_drafts": r.stats.shadows,
     }
 
 

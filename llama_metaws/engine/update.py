@@ -29,6 +29,9 @@ def update(engine, plan: StepPlan, verdicts: List[Verdict]) -> None:
         slot, r = seg.slot, seg.slot.request
         if r is None:  # failed or ended while the step ran
             continue
+        if v.shadow:  # a scout drafted on the side (execute), judged as the next tokens come
+            r.stats.shadows += 1
+            engine.total.shadows += 1
         if seg.kind == "draft":  # drafted from a prompt held already: decoded with the draft next step
             slot.needs_draft = False
             slot.drafts, slot.asked = list(v.drafts), v.draft_len or 0
