@@ -157,7 +157,7 @@ class AdaptiveLength:
         return True
 
     def update(self, drafted: int, accepted: int) -> None:
-        """A draft of ``drafted`` tokens was verified, its first ``accepted`` kept."""
+        """A draft of ``drafted`` tokens was judged (verified, or a shadow draft), its first ``accepted`` kept."""
         for d in range(min(drafted, accepted + 1)):  # depths with a verdict
             hit = 1.0 if d < accepted else 0.0
             self.p[d] += self.RATE * (hit - self.p[d])

@@ -26,10 +26,11 @@ decodes on a CPU, where a batch costs its tokens), a later one for a few decodes
 The acceptance is kept there too (:func:`save_acceptance`, one file per model pair and draft
 options, :func:`acceptance_key`; whatever the threads and the host): the per-depth estimates
 (:class:`~.drafting.AdaptiveLength`) a model pair's last request left, saved as each request
-that drafted ends. A fresh process of the same pair starts its first request from them
-(:func:`read_acceptance`), as a second request in one process does: where the head never
-agreed it need not probe again, and where it always did it drafts its length from the first
-step. The estimates go on drifting up and adapting to each request's content as before.
+that drafted (or shadow-drafted, :meth:`~.drafting.AdaptiveLength.judge`) ends. A fresh process
+of the same pair starts its first request from them (:func:`read_acceptance`), as a second
+request in one process does: where the head never agreed it need not probe again, and where
+it always did it drafts its length from the first step. The estimates go on drifting up and
+adapting to each request's content as before.
 """
 
 from __future__ import annotations
@@ -338,7 +339,7 @@ class SavedAcceptance:
     def __init__(self, key: dict):
         self.key = key
         self.path: Optional[str] = None  # the saved file the first request started from, if any
-        self.dirty = False               # a draft was verified since the last save
+        self.dirty = False               # a draft (or a shadow draft) was judged since the last save
 
     def load(self):
         """The saved acceptance (an :class:`~.drafting.AdaptiveLength`), or None: none saved, or
@@ -356,7 +357,7 @@ class SavedAcceptance:
         return length
 
     def save(self, length) -> None:
-        """``length``'s state saved, if a draft was verified since the last save."""
+        """``length``'s state saved, if a draft (or a shadow draft) was judged since the last save."""
         if self.dirty and length is not None:
             self.dirty = False
             save_acceptance(self.key, length.state())
