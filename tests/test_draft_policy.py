@@ -584,3 +584,48 @@ def test_a_plain_steps_catch_up_waits_for_the_next_draft_and_changes_no_draft(fu
     assert stats == stats0 and fed[0] == fed[1]  # the same tokens (a prompt's last one may be a catch-up), fed ...
     assert len(catch_ups) <= len(catch_ups0) / 2, (catch_ups, catch_ups0)  # ... in half the decodes or fewer
     assert max(catch_ups) > max(catch_ups0)  # a lag fed in one batch
+
+
+def _recurrent_split(seqs):
+    """A recurrent target's graphs for a step where slot i decodes counts[i] tokens (llama.cpp's
+    split_equal, keeping the last 7 tokens of a sequence in one graph)."""
+    from llama_metaws.engine.schedule import ubatch_sizes
+
+    return lambda counts: ubatch_sizes(list(zip(seqs, counts)), 64, sequential=True, keep_tail=7, split_equal=True)
+
+
+def test_a_recurrent_targets_batch_is_split_into_graphs_of_equal_tokens_per_sequence():
+    from llama_metaws.engine.schedule import ubatch_sizes
+
+    split = _recurrent_split([0, 1, 2, 3])
+    assert split([1, 1]) == [2] and split([2, 2]) == [4]     # equal: one graph
+    assert split([2, 1]) == [2, 1] and split([1, 1, 1, 1]) == [4]
+    assert split([2, 1, 1, 1]) == [2, 3]                     # one slot drafts: two graphs
+    assert ubatch_sizes([(0, 150), (1, 1)], 64, sequential=False, keep_tail=0, split_equal=False) == [64, 64, 23]
+    assert ubatch_sizes([(0, 0)], 64, sequential=True, keep_tail=0, split_equal=True) == []
+
+
+# a graph of 2 to 14 tokens costs about what one of a single token does (a device with room);
+# 2 graphs cost twice
+TILED = dict(target=lambda n: 0.020 if n == 1 else 0.021 + 0.0001 * n, catch_up=lambda n: 0.0, draft=lambda m: 0.001)
+
+
+def test_several_slots_draft_equal_lengths_where_a_step_costs_its_graphs():
+    costs = FixedCosts(TILED["target"], TILED["catch_up"], TILED["draft"])
+    agree = ([1.0] * CAP, CAP)
+    # probes of one token each: one slot drafting alone makes two graphs and does not pay, both
+    # drafting make one graph of 4 tokens and do
+    policy = DraftPolicy(costs)
+    assert policy.choose([agree, agree], limits=[1, 1], split=_recurrent_split([0, 1])) == [1, 1]
+    # where only one head agrees, its draft alone would be a second graph: the other slot drafts
+    # too (a token it will not keep, nearly free in a graph of equal lengths)
+    never = ([0.0] * CAP, CAP)
+    assert policy.choose([agree, never], limits=[1, 1], split=_recurrent_split([0, 1])) == [1, 1]
+    # and where a graph's tokens cost, neither drafts
+    assert DraftPolicy(FixedCosts(lambda n: 0.010 * n)).choose(
+        [agree, never], limits=[1, 1], split=_recurrent_split([0, 1])) == [0, 0]
+    # as one graph (no split given: a unified KV cache, no recurrent state) that draft pays
+    assert DraftPolicy(costs).choose([agree, never], limits=[1, 1]) == [1, 0]
+    # the step's costs are each graph's: 2 graphs of 2 and 1 tokens
+    assert costs.step([2, 1], [1]) == pytest.approx(TILED["target"](2) + TILED["target"](1) + 0.001)
+    assert costs.step(3, [1]) == pytest.approx(TILED["target"](3) + 0.001)

@@ -38,7 +38,7 @@ from .execute import DecodeError, Verdict, execute, feed_lags
 from .limits import check_draft_max
 from .request import DraftStats, Output, Request
 from .samplers import SlotSampler
-from .schedule import Segment, n_graphs, schedule
+from .schedule import Segment, n_graphs, schedule, ubatch_sizes
 from .slots import Slot, SlotState
 from .update import update
 
@@ -533,9 +533,14 @@ class Engine:
 
     def graphs(self, segments) -> int:
         """The graphs the target computed for a step of these segments (llama.cpp's ubatch split)."""
-        return n_graphs(segments, self.n_ubatch, sequential=not self.unified,
-                        keep_tail=self.n_rs_seq + 1 if self.recurrent and self.n_rs_seq > 0 else 0,
-                        split_equal=self.recurrent or (not self.unified and len(self.slots) > 1))
+        return len(self.target_split([(s.slot.seq_id, s.n) for s in segments]))
+
+    def target_split(self, counts) -> List[int]:
+        """The tokens of each graph the target computes for a batch of ``counts``, ``(seq_id,
+        tokens)`` in batch order (:func:`~.schedule.ubatch_sizes`)."""
+        return ubatch_sizes(counts, self.n_ubatch, sequential=not self.unified,
+                            keep_tail=self.n_rs_seq + 1 if self.recurrent and self.n_rs_seq > 0 else 0,
+                            split_equal=self.recurrent or (not self.unified and len(self.slots) > 1))
 
     def finish(self, slot: Slot, reason: str, tokens=None, rows=None, prompt_rows=None) -> None:
         """End the slot's request (its last output), keep what the sequence holds (for a request

@@ -170,6 +170,25 @@ class AdaptiveLength:
             self.limit = max(1, min(self.CAP, 2 * grown))
 
 
+def _splitter(engine, going, verdicts):
+    """The next step's target graphs (their tokens) as a function of the tokens each of ``going``
+    decodes (:meth:`~.core.Engine.target_split`; the prompt chunks that go on included), for
+    :meth:`~.policy.DraftPolicy.choose`."""
+    fixed = [(seg.slot.seq_id, min(seg.slot.prompt_end - (seg.pos0 + seg.n), engine.n_batch))
+             for seg, v in ((v.segment, v) for v in verdicts)
+             if seg.kind == "prompt" and not seg.ends_prompt and v.finish is None]
+    seqs = [v.segment.slot.seq_id for v in going]
+    seen: Dict[Tuple[int, ...], List[int]] = {}
+
+    def split(counts: List[int]) -> List[int]:
+        key = tuple(counts)
+        if key not in seen:
+            seen[key] = engine.target_split(sorted(fixed + list(zip(seqs, counts))))
+        return seen[key]
+
+    return split
+
+
 def auto_lengths(engine, going, verdicts, caps: List[int]) -> List[int]:
     """``draft_max="auto"``: the next step's draft lengths for the slots that go on (``going``,
     their :class:`~.execute.Verdict`; ``caps``: each one's longest draft). This step's verdicts
@@ -193,7 +212,8 @@ def auto_lengths(engine, going, verdicts, caps: List[int]) -> List[int]:
             base += min(seg.slot.prompt_end - (seg.pos0 + seg.n), engine.n_batch)
     lengths = [v.segment.slot.length for v in going]
     ks = engine.policy.choose([(x.estimates, cap) for x, cap in zip(lengths, caps)], base,
-                              [x.limit for x in lengths])  # a probe, or twice what was kept
+                              [x.limit for x in lengths],  # a probe, or twice what was kept
+                              _splitter(engine, going, verdicts))
     for i, (v, x) in enumerate(zip(going, lengths)):
         v.shadow = bool(engine.policy.shadows[i] and ks[i]) and not engine.synth_probs
         if v.shadow and x.shadow:

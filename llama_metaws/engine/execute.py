@@ -79,7 +79,9 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
         t0 = clock()
         engine.decode_target(b, phase)
         llama_cpp.llama_synchronize(engine.target.ctx)
-        if phase == "decoding":  # every token an output row, as in the steps the policy weighs
+        # every token an output row, as in the steps the policy weighs, in one graph (a step of
+        # several is weighed as their sum: policy.StepCosts.step)
+        if phase == "decoding" and engine.graphs(plan.segments) == 1:
             costs.target.add(b.n, clock() - t0)
 
         rows = head.target_rows(b.n) if head is not None else None

@@ -19,13 +19,13 @@ left of ``n_batch`` tokens and of the target's output rows (``n_outputs_max``).
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .checkpoints import common_prefix
 from .request import Request
 from .slots import Slot, SlotState
 
-__all__ = ["Segment", "StepPlan", "schedule", "choose_slot", "n_graphs"]
+__all__ = ["Segment", "StepPlan", "schedule", "choose_slot", "n_graphs", "ubatch_sizes"]
 
 
 @dataclasses.dataclass
@@ -160,20 +160,29 @@ def _prompt_chunk(slot: Slot, room: int, outputs_room: int) -> Optional[Segment]
 
 def n_graphs(segments: Sequence[Segment], n_ubatch: int, *, sequential: bool, keep_tail: int,
              split_equal: bool) -> int:
-    """The graphs (ubatches) llama.cpp computes for a batch of these segments, by its own split:
-    ``split_equal`` (hybrid and recurrent memories; a KV cache with a stream per sequence) takes
-    the same number of tokens of every sequence into a ubatch, sequences in increasing order when
-    ``sequential`` (non-unified KV), and keeps each sequence's last ``keep_tail`` tokens in one
-    ubatch; otherwise ``split_simple`` cuts the batch every ``n_ubatch`` tokens."""
-    counts = [s.n for s in segments if s.n]
+    """The graphs (ubatches) llama.cpp computes for a batch of these segments (:func:`ubatch_sizes`)."""
+    return len(ubatch_sizes([(s.slot.seq_id, s.n) for s in segments], n_ubatch, sequential=sequential,
+                            keep_tail=keep_tail, split_equal=split_equal))
+
+
+def ubatch_sizes(counts: Sequence[Tuple[int, int]], n_ubatch: int, *, sequential: bool, keep_tail: int,
+                 split_equal: bool) -> List[int]:
+    """The tokens of each graph (ubatch) llama.cpp computes for a batch of ``counts``, ``(seq_id,
+    tokens)`` in batch order, by its own split: ``split_equal`` (hybrid and recurrent memories; a
+    KV cache with a stream per sequence) takes the same number of tokens of every sequence into a
+    ubatch, sequences in increasing order when ``sequential`` (non-unified KV), and keeps each
+    sequence's last ``keep_tail`` tokens in one ubatch; otherwise ``split_simple`` cuts the batch
+    every ``n_ubatch`` tokens. So a recurrent target's step where one of two slots drafts a token
+    is two graphs (2 tokens, then 1), where one where both do is one (4 tokens)."""
+    counts = [(q, n) for q, n in counts if n]
     if not counts:
-        return 0
+        return []
     if not split_equal:
-        total = sum(counts)
-        return -(-total // n_ubatch)
-    seqs = [s.slot.seq_id for s in segments if s.n]
-    left = dict(zip(seqs, counts))
-    graphs = 0
+        total = sum(n for _, n in counts)
+        return [min(n_ubatch, total - i) for i in range(0, total, n_ubatch)]
+    seqs = [q for q, _ in counts]
+    left = dict(counts)
+    sizes: List[int] = []
     while any(left.values()):
         group = []
         last = None
@@ -203,7 +212,7 @@ def n_graphs(segments: Sequence[Segment], n_ubatch: int, *, sequential: bool, ke
                     take = left[q] - keep_tail
                 keep = [q]
             group = keep
+        sizes.append(sum(min(take, left[q]) for q in group))
         for q in group:
             left[q] -= min(take, left[q])
-        graphs += 1
-    return graphs
+    return sizes
