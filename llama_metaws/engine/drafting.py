@@ -170,13 +170,10 @@ class AdaptiveLength:
             self.limit = max(1, min(self.CAP, 2 * grown))
 
 
-def _splitter(engine, going, verdicts):
+def _splitter(engine, going, fixed):
     """The next step's target graphs (their tokens) as a function of the tokens each of ``going``
-    decodes (:meth:`~.core.Engine.target_split`; the prompt chunks that go on included), for
-    :meth:`~.policy.DraftPolicy.choose`."""
-    fixed = [(seg.slot.seq_id, min(seg.slot.prompt_end - (seg.pos0 + seg.n), engine.n_batch))
-             for seg, v in ((v.segment, v) for v in verdicts)
-             if seg.kind == "prompt" and not seg.ends_prompt and v.finish is None]
+    decodes, ``fixed`` (the prompt chunks that go on, ``(seq_id, tokens)``) included
+    (:meth:`~.core.Engine.target_split`), for :meth:`~.policy.DraftPolicy.choose`."""
     seqs = [v.segment.slot.seq_id for v in going]
     seen: Dict[Tuple[int, ...], List[int]] = {}
 
@@ -205,15 +202,12 @@ def auto_lengths(engine, going, verdicts, caps: List[int]) -> List[int]:
             if engine.saved_acceptance is not None:
                 engine.saved_acceptance.dirty = True
         length.drift()
-    base = 0  # the next step's prompt tokens, as far as they are known now
-    for v in verdicts:
-        seg = v.segment
-        if seg.kind == "prompt" and not seg.ends_prompt and v.finish is None:
-            base += min(seg.slot.prompt_end - (seg.pos0 + seg.n), engine.n_batch)
-    lengths = [v.segment.slot.length for v in going]
-    ks = engine.policy.choose([(x.estimates, cap) for x, cap in zip(lengths, caps)], base,
+    fixed = [(v.segment.slot.seq_id, min(v.segment.slot.prompt_end - (v.segment.pos0 + v.segment.n), engine.n_batch))
+             for v in verdicts if v.segment.kind == "prompt" and not v.segment.ends_prompt and v.finish is None]
+    lengths = [v.segment.slot.length for v in going]  # the next step's prompt tokens: fixed's
+    ks = engine.policy.choose([(x.estimates, cap) for x, cap in zip(lengths, caps)], sum(n for _, n in fixed),
                               [x.limit for x in lengths],  # a probe, or twice what was kept
-                              _splitter(engine, going, verdicts))
+                              _splitter(engine, going, fixed))
     for i, (v, x) in enumerate(zip(going, lengths)):
         v.shadow = bool(engine.policy.shadows[i] and ks[i]) and not engine.synth_probs
         if v.shadow and x.shadow:
