@@ -218,6 +218,7 @@ def test_timings_and_metrics_move_with_drafting(mtp_server):
     assert moved("llamacpp:spec_decode_num_draft_tokens_total") == timings["draft_n"]
     assert moved("llamacpp:spec_decode_num_accepted_tokens_total") == timings["draft_n_accepted"]
     assert moved("llamacpp:spec_decode_num_drafts_total") >= 1
+    assert moved("llamametaws:shadow_drafts_total") == 0  # a fixed length verifies every draft
     # the workspace's gauges: a shared meta entry under tensor split, the draft through an alias
     alias = {k: v for k, v in after.items() if k.startswith("llamametaws:workspace_alias_in_use")}
     assert alias and max(alias.values()) == 1

@@ -186,6 +186,7 @@ class Counters:
         self.draft_tokens = 0
         self.draft_accepted = 0
         self.draft_lengths: Dict[int, int] = {}  # draft length chosen -> steps (0: plain)
+        self.shadow_drafts = 0  # draft_max="auto"'s scouts drafted on the side of a plain step
         self.engine: Dict[str, int] = {}          # Llama.engine_stats()
         self.workspace: List = []
 
@@ -478,6 +479,7 @@ class ModelWorker:
         thread between two steps)."""
         total = self.llm.draft_stats.total
         self.counters.set_snapshot(drafts=total.steps, draft_tokens=total.drafted, draft_accepted=total.accepted,
+                                   shadow_drafts=total.shadows,
                                    draft_lengths=dict(self.llm.draft_lengths()), engine=self.llm.engine_stats(),
                                    workspace=list(self.llm.workspace_stats()))
 
