@@ -319,7 +319,7 @@ class Engine:
         self.steps += 1
         self.peak_busy = max(self.peak_busy, len(plan.segments) + len(plan.draft_only))
         self.busy_slot_steps += len(plan.segments) + len(plan.draft_only)
-        self.graphs_target += self.graphs(plan.segments)
+        self.graphs_target += plan.graphs
         if self.after_step is not None:  # before the requests hear of the step: the contexts are still ours
             try:
                 self.after_step()

@@ -81,7 +81,8 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
         llama_cpp.llama_synchronize(engine.target.ctx)
         # every token an output row, as in the steps the policy weighs, in one graph (a step of
         # several is weighed as their sum: policy.StepCosts.step)
-        if phase == "decoding" and engine.graphs(plan.segments) == 1:
+        plan.graphs = engine.graphs(plan.segments)
+        if phase == "decoding" and plan.graphs == 1:
             costs.target.add(b.n, clock() - t0)
 
         rows = head.target_rows(b.n) if head is not None else None

@@ -55,6 +55,7 @@ class StepPlan:
     segments: List[Segment]
     admitted: List[Slot]
     draft_only: List[Slot] = dataclasses.field(default_factory=list)  # only draft, from a held prompt
+    graphs: int = 0  # the target's graphs for the segments (execute counts them: Engine.graphs)
 
     @property
     def empty(self) -> bool:
