@@ -628,4 +628,4 @@ def test_several_slots_draft_equal_lengths_where_a_step_costs_its_graphs():
     assert DraftPolicy(costs).choose([agree, never], limits=[1, 1]) == [1, 0]
     # the step's costs are each graph's: 2 graphs of 2 and 1 tokens
     assert costs.step([2, 1], [1]) == pytest.approx(TILED["target"](2) + TILED["target"](1) + 0.001)
-    assert costs.step(3, [1]) == pytest.approx(TILED["target"](3) + 0.001)
+    assert costs.step([3], [1]) == pytest.approx(TILED["target"](3) + 0.001)

@@ -202,9 +202,10 @@ def auto_lengths(engine, going, verdicts, caps: List[int]) -> List[int]:
             if engine.saved_acceptance is not None:
                 engine.saved_acceptance.dirty = True
         length.drift()
+    # the next step's prompt tokens, as far as they are known now: (seq_id, tokens) per chunk
     fixed = [(v.segment.slot.seq_id, min(v.segment.slot.prompt_end - (v.segment.pos0 + v.segment.n), engine.n_batch))
              for v in verdicts if v.segment.kind == "prompt" and not v.segment.ends_prompt and v.finish is None]
-    lengths = [v.segment.slot.length for v in going]  # the next step's prompt tokens: fixed's
+    lengths = [v.segment.slot.length for v in going]
     ks = engine.policy.choose([(x.estimates, cap) for x, cap in zip(lengths, caps)], sum(n for _, n in fixed),
                               [x.limit for x in lengths],  # a probe, or twice what was kept
                               _splitter(engine, going, fixed))

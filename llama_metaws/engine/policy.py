@@ -157,12 +157,11 @@ class StepCosts:
     #: measured as the engine runs (worth measuring again now and then)
     measured = True
 
-    def step(self, n_target, depths: Sequence[int], least: bool = False) -> float:
-        """A step's seconds: a target batch of ``n_target`` tokens (or the graphs llama.cpp splits
-        it into: their tokens, a list), its catch-up, and draft decodes over ``depths[d]`` slots at
-        depth ``d``; ``least``: with the least each target graph can cost (:meth:`_Curve.floor`)
-        in place of its estimate."""
-        sizes = [n_target] if isinstance(n_target, int) else list(n_target)
+    def step(self, sizes: Sequence[int], depths: Sequence[int], least: bool = False) -> float:
+        """A step's seconds: the target's graphs of ``sizes`` tokens each (how llama.cpp splits the
+        batch), their catch-up, and draft decodes over ``depths[d]`` slots at depth ``d``;
+        ``least``: with the least each target graph can cost (:meth:`_Curve.floor`) in place of
+        its estimate."""
         target = sum(self.target.floor(n) if least else self.target(n) for n in sizes)
         return target + self.catch_up(sum(sizes)) + sum(self.draft(m) for m in depths if m)
 
