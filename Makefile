@@ -37,6 +37,13 @@ SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_
 	tests/test_engine.py::test_concurrent_requests_under_tensor_split_equal_their_solo_outputs \
 	tests/test_engine.py::test_an_allocation_failure_fails_the_requests_of_its_step_and_the_retries_match
 
+# make test (and peer-tests, and package-check's smoke run) run the tests in a pytest-xdist worker
+# process: a native crash (a SIGSEGV in llama.cpp) fails the test it happened in, by name ("worker
+# 'gw0' crashed while running ..."), a new worker goes on with the tests after it, and the summary
+# counts them all (tests/test_native_crash.py). One worker: the tests were not written to run side
+# by side, and the machines they run on may have 2 cores.
+PYTEST_ISOLATION := -n 1 --max-worker-restart=50
+
 .PHONY: setup build demo test package-check server-suite peer-tests series-check install-ccache bench sanitize clean-build gpu-kit gpu-kit-dry-run
 
 $(VENV)/.deps: pyproject.toml
@@ -56,14 +63,14 @@ demo: setup
 	$(VENV)/bin/llama-metaws demo
 
 test: setup
-	$(PY) -m pytest -ra -m "not peer" tests
+	$(PY) -m pytest -ra $(PYTEST_ISOLATION) -m "not peer" tests
 
 # The package as a user installs it (README, "Installing with pip"): python -m build, twine
 # check, the sdist into a fresh venv in a temporary directory with one pip command, then
 # llama-metaws demo and a smoke subset of the tests against the installed package (.ci/package_check.sh;
 # the native build is a hit of the cache key when make setup built the same inputs).
 package-check: setup
-	.ci/package_check.sh $(PYTHON)
+	PYTEST_ISOLATION="$(PYTEST_ISOLATION)" .ci/package_check.sh $(PYTHON)
 
 # llama.cpp's own server suite (tools/server/tests of the pinned sdist, unpacked under
 # build/server-suite) against llama-metaws serve through tests/server_suite's llama-server shim,
@@ -76,7 +83,7 @@ server-suite: setup
 # once per build key, linked against the build's installed ggml and llama (only the common
 # library and the test are compiled: 7.6 minutes cold on 2 cores): tests/test_llama_archs.py
 peer-tests: setup
-	$(PY) -m pytest -ra -m peer tests
+	$(PY) -m pytest -ra $(PYTEST_ISOLATION) -m peer tests
 
 # The patch series is bisectable: each patch applied in turn to the vendored llama.cpp, the
 # libraries built and llama.cpp's test-alloc run after each (llama_metaws/native/series.py; the

@@ -11,6 +11,8 @@
 #      Llama with MTP drafting under tensor split, `serve` answering requests, `repro`.
 # The native build may be a hit of the cache key (~/.cache/llama-metaws/builds, LLAMA_METAWS_CACHE).
 # Usage: .ci/package_check.sh [PYTHON]   (the interpreter of the fresh venv; default python3)
+# PYTEST_ISOLATION (make package-check sets it to the Makefile's): pytest's options for the smoke
+# tests, which run in a pytest-xdist worker so that a native crash fails one test, not the run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILDER="$ROOT/.venv/bin/python"   # has build and twine (make package-check installs them)
@@ -63,7 +65,8 @@ step "4/4 llama-metaws demo, then the smoke tests against the installed package"
 "$V/llama-metaws" demo
 tar -xzf "$SDIST" -C "$TMP" --wildcards '*/tests/*'
 cp -r "$TMP"/llama_metaws-*/tests "$TMP/cwd/tests"   # the tests alone: no package beside them
-"$V/python" -m pytest -q -p no:cacheprovider -rfE \
+# shellcheck disable=SC2086  # PYTEST_ISOLATION: make's options for pytest, word-split on purpose
+"$V/python" -m pytest -q -p no:cacheprovider -rfE ${PYTEST_ISOLATION:-} \
     "tests/test_llama.py::test_greedy_identity_with_and_without_drafting" \
     "tests/test_server.py::test_completions_streamed_and_not_give_the_same_greedy_text" \
     "tests/test_tensor_split.py::test_llama_level_reproduction" \
