@@ -139,6 +139,23 @@ CHAT_TEMPLATE = (
 )
 
 
+def add_metadata(writer, arch: str, kv: Dict[str, object]) -> None:
+    """``<arch>.<key>`` for each of ``kv``: bools, ints as uint32, floats as float32, lists as
+    arrays."""
+    for key, value in kv.items():
+        full = f"{arch}.{key}"
+        if isinstance(value, bool):
+            writer.add_bool(full, value)
+        elif isinstance(value, int):
+            writer.add_uint32(full, value)
+        elif isinstance(value, float):
+            writer.add_float32(full, value)
+        elif isinstance(value, list):
+            writer.add_array(full, value)
+        else:  # pragma: no cover - programming error
+            raise TypeError(f"unsupported metadata value for {full}: {value!r}")
+
+
 def _write_gguf(
     path: Path,
     arch: str,
@@ -158,19 +175,7 @@ def _write_gguf(
     writer = gguf.GGUFWriter(str(path), arch)
     try:
         writer.add_name(f"tiny-{arch}")
-        for key, value in kv.items():
-            full = f"{arch}.{key}"
-            if isinstance(value, bool):
-                writer.add_bool(full, value)
-            elif isinstance(value, int):
-                writer.add_uint32(full, value)
-            elif isinstance(value, float):
-                writer.add_float32(full, value)
-            elif isinstance(value, list):
-                writer.add_array(full, value)
-            else:  # pragma: no cover - programming error
-                raise TypeError(f"unsupported metadata value for {full}: {value!r}")
-
+        add_metadata(writer, arch, kv)
         write_vocab(writer, vocab, n_vocab, n_vocab - 1, vocab_words)  # the last token ends generation
         writer.add_chat_template(CHAT_TEMPLATE if chat_template is None else chat_template)
 

@@ -424,14 +424,9 @@ def _write_mtp_model(path: Path, args: Dict[str, object]) -> None:
     writer = gguf.GGUFWriter(str(path), "qwen35")
     try:
         writer.add_name(f"qwen35-mtp-e{E}-l{L}")
-        for key, value in kv.items():
-            full = f"qwen35.{key}"
-            if isinstance(value, int):
-                writer.add_uint32(full, value)
-            elif isinstance(value, float):
-                writer.add_float32(full, value)
-            else:
-                writer.add_array(full, value)  # type: ignore[arg-type]
+        from . import add_metadata  # the writer every model shares (a late import: testing imports this module)
+
+        add_metadata(writer, "qwen35", kv)
         writer.add_tokenizer_model("test")
         writer.add_token_list(_token_texts(V))
         writer.add_token_scores([0.0] * V)

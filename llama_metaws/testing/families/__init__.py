@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Union
+from typing import Callable, Dict, Optional, Union
 
 import numpy as np
 
@@ -41,13 +41,18 @@ class Family:
     arch: str
     #: the model the family stands for (its NextN layout, not its size)
     example: str
-    #: the NextN (MTP) blocks after the trunk
-    n_nextn: int
     #: the target's memory holds recurrent state (llama.cpp's hybrid or recurrent archs)
     recurrent: bool
-    #: Dims -> Layout (None: qwen35, written by llama_metaws.testing.make_tiny_mtp_model)
-    build: Optional[Callable[[Dims], Layout]]
+    #: Dims -> Layout: the metadata and tensors llama.cpp's loader reads
+    build: Callable[[Dims], Layout]
     dims: Dims = Dims()
+    #: writes the tiny file instead of the layout (qwen35: make_tiny_mtp_model, bytes kept)
+    tiny: Optional[Callable] = None
+
+    @property
+    def n_nextn(self) -> int:
+        """The NextN (MTP) blocks after the trunk."""
+        return self.dims.n_nextn
 
     @property
     def mtp_graph(self) -> bool:
@@ -65,48 +70,54 @@ class Family:
         return self.n_nextn > 1
 
 
-def _family(arch, example, n_nextn, recurrent, build, **dims) -> Family:
-    return Family(arch, example, n_nextn, recurrent, build, Dims(**dims))
+def _qwen35_tiny(path, *, seed, agreement):
+    from .. import make_tiny_mtp_model
+
+    return make_tiny_mtp_model(path, seed=seed, agreement=agreement)
+
+
+def _family(arch, example, recurrent, build, tiny=None, **dims) -> Family:
+    return Family(arch, example, recurrent, build, Dims(**dims), tiny)
 
 
 FAMILIES: Dict[str, Family] = {f.arch: f for f in (
-    _family("qwen35", "Qwen3.5/3.6 dense (the seed's Qwen3.8-27B)", 1, True, None),
-    _family("qwen35moe", "Qwen3.6-35B-A3B", 1, True, _qwen.qwen35moe),
-    _family("qwen3next", "Qwen3-Next-80B-A3B", 1, True, _qwen.qwen3next),
-    _family("glm4moe", "GLM-4.5-Air", 1, False, _gqa.glm4moe),
-    _family("glm-dsa", "GLM-5.2", 1, False, _mla.glm_dsa),
-    _family("deepseek2", "GLM-4.7-Flash (MLA)", 1, False, _mla.deepseek2),
-    _family("deepseek32", "DeepSeek-V3.2", 1, False, _mla.deepseek32),
+    _family("qwen35", "Qwen3.5/3.6 dense (the seed's Qwen3.8-27B)", True, _qwen.qwen35, _qwen35_tiny),
+    _family("qwen35moe", "Qwen3.6-35B-A3B", True, _qwen.qwen35moe),
+    _family("qwen3next", "Qwen3-Next-80B-A3B", True, _qwen.qwen3next),
+    _family("glm4moe", "GLM-4.5-Air", False, _gqa.glm4moe),
+    _family("glm-dsa", "GLM-5.2", False, _mla.glm_dsa),
+    _family("deepseek2", "GLM-4.7-Flash (MLA)", False, _mla.deepseek2),
+    _family("deepseek32", "DeepSeek-V3.2", False, _mla.deepseek32),
     # an indexer head as wide as the attention head makes llama.cpp build a Hadamard rotation
     # for the empty full-attention KV cache of the MTP context (every block here is SWA), and
     # sizing it divides by zero (llama_kv_cache::build_input_k_rot): DeepSeek-V4's are 128/512
-    _family("deepseek4", "DeepSeek-V4", 1, True, _deepseek4.deepseek4, indexer_dim=128),
-    _family("mimo2", "MiMo-V2.5", 3, False, _gqa.mimo2),
-    _family("step35", "Step-3.5-Flash", 3, False, _gqa.step35),
-    _family("nemotron_h_moe", "Nemotron-3 Super (Nemotron-H MoE)", 1, True, _hybrid.nemotron_h_moe),
-    _family("nemotron_h", "Nemotron-H (dense arch, NextN layers, no MTP graph)", 1, True, _hybrid.nemotron_h),
-    _family("bailingmoe3", "Ling/Ring 3.0 (bailingmoe3)", 1, True, _hybrid.bailingmoe3),
-    _family("hy_v3", "Hunyuan V3", 1, False, _gqa.hy_v3),
-    _family("cohere2moe", "Command A MoE (cohere2moe)", 1, False, _gqa.cohere2moe),
+    _family("deepseek4", "DeepSeek-V4", True, _deepseek4.deepseek4, indexer_dim=128),
+    _family("mimo2", "MiMo-V2.5 / MiMo-V2-Flash", False, _gqa.mimo2, n_nextn=3),
+    _family("step35", "Step-3.5-Flash", False, _gqa.step35, n_nextn=3),
+    _family("nemotron_h_moe", "Nemotron-3 (Nemotron-H MoE)", True, _hybrid.nemotron_h_moe, n_layer=3),
+    _family("nemotron_h", "Nemotron-H (dense arch, NextN layers, no MTP graph)", True, _hybrid.nemotron_h,
+            n_layer=3),
+    _family("bailingmoe3", "Ling/Ring 3.0 (bailingmoe3)", True, _hybrid.bailingmoe3),
+    _family("hy_v3", "Hunyuan V3", False, _gqa.hy_v3),
+    _family("cohere2moe", "Command A MoE (cohere2moe)", False, _gqa.cohere2moe),
 )}
 
 #: the families llama.cpp drafts for
 MTP_FAMILIES = tuple(a for a, f in FAMILIES.items() if f.mtp_graph)
 
 
-def family_layout(arch: str) -> Layout:
-    """The metadata and tensor list of ``arch``'s tiny model (not for qwen35)."""
+def family_layout(arch: str, dims: Optional[Dims] = None) -> Layout:
+    """The metadata and tensor list of ``arch``'s model: the tiny one, or at ``dims``
+    (the planner's, from a config.json)."""
     fam = _get(arch)
-    if fam.build is None:
-        raise ValueError(f"{arch}'s tiny model is llama_metaws.testing.make_tiny_mtp_model")
-    return fam.build(fam.dims)
+    return fam.build(dims or fam.dims)
 
 
 def family_plan(arch: str, agreement: Agreement, seed: int = 0) -> Dict[str, np.ndarray]:
     """The token plan of ``make_family_model(arch, ..., seed=seed, agreement=agreement)``
     (:func:`.agreement.agreement_plan`): ``succ``, and each head's ``draft``."""
     fam = _get(arch)
-    if fam.build is None:
+    if fam.tiny is not None:
         from .. import mtp_agreement_plan
         return mtp_agreement_plan(float(agreement), seed)
     d = fam.dims
@@ -125,9 +136,8 @@ def make_family_model(arch: str, path: PathLike, *, seed: int = 0, agreement: Op
     if it refuses the file.
     """
     fam = _get(arch)
-    if fam.build is None:
-        from .. import make_tiny_mtp_model
-        out = make_tiny_mtp_model(path, seed=seed, agreement=agreement)
+    if fam.tiny is not None:
+        out = fam.tiny(path, seed=seed, agreement=agreement)
     else:
         layout = fam.build(fam.dims)
         rng = np.random.default_rng(seed)

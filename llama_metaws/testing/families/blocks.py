@@ -21,13 +21,27 @@ def blk(il: int) -> str:
     return f"blk.{il}."
 
 
-def embeddings(L: Layout, *, output: bool = True) -> None:
-    """``token_embd``, ``output_norm`` and (unless tied) ``output``."""
+def embeddings(L: Layout) -> None:
+    """``token_embd``, ``output_norm`` and (unless ``dims.tie``) ``output``."""
     d = L.dims
     L.add("token_embd.weight", d.n_embd, d.n_vocab, role=EMBD)
     L.norm("output_norm.weight", d.n_embd)
-    if output:
+    if not d.tie:
         L.add("output.weight", d.n_embd, d.n_vocab, role=HEAD)
+
+
+def swa_pattern(L: Layout, default) -> list:
+    """Per block, 1 for sliding-window attention: ``dims.swa``, else the family's tiny pattern."""
+    from .layout import per_layer
+
+    return per_layer(L, L.dims.swa or default)
+
+
+def heads_per_layer(L: Layout, swa) -> tuple:
+    """(query heads, K/V heads) per block where sliding-window blocks have their own counts."""
+    d = L.dims
+    return ([d.n_head_swa if s and d.n_head_swa else d.n_head for s in swa],
+            [d.n_head_kv_swa if s and d.n_head_kv_swa else d.n_head_kv for s in swa])
 
 
 def attention(L: Layout, il: int, *, n_head: Optional[int] = None, n_head_kv: Optional[int] = None,
@@ -41,17 +55,18 @@ def attention(L: Layout, il: int, *, n_head: Optional[int] = None, n_head_kv: Op
     n_head = n_head or d.n_head
     n_head_kv = d.n_head_kv if n_head_kv is None else n_head_kv
     hd = head_dim or d.head_dim
-    n_q, n_kv = hd * n_head * (2 if q_gate else 1), hd * n_head_kv
+    hd_v = d.head_dim_v or hd
+    n_q, n_k, n_v = hd * n_head * (2 if q_gate else 1), hd * n_head_kv, hd_v * n_head_kv
     if fused:
-        L.add(p + "attn_qkv.weight", d.n_embd, n_q + 2 * n_kv)
+        L.add(p + "attn_qkv.weight", d.n_embd, n_q + n_k + n_v)
     else:
         L.add(p + "attn_q.weight", d.n_embd, n_q)
-        L.add(p + "attn_k.weight", d.n_embd, n_kv)
-        L.add(p + "attn_v.weight", d.n_embd, n_kv)
+        L.add(p + "attn_k.weight", d.n_embd, n_k)
+        L.add(p + "attn_v.weight", d.n_embd, n_v)
         if qkv_bias:
-            for name, n in (("attn_q", n_q), ("attn_k", n_kv), ("attn_v", n_kv)):
+            for name, n in (("attn_q", n_q), ("attn_k", n_k), ("attn_v", n_v)):
                 L.bias(p + name + ".bias", n)
-    L.out(p + "attn_output.weight", hd * n_head, d.n_embd)
+    L.out(p + "attn_output.weight", hd_v * n_head, d.n_embd)
     if qk_norm:
         L.norm(p + "attn_q_norm.weight", hd)
         L.norm(p + "attn_k_norm.weight", hd)
@@ -181,3 +196,22 @@ def delta_net_kv(L: Layout) -> None:
     d = L.dims
     L.set(ssm__conv_kernel=d.ssm_conv, ssm__state_size=d.ssm_state, ssm__group_count=d.ssm_groups,
           ssm__time_step_rank=d.ssm_heads, ssm__inner_size=d.ssm_state * d.ssm_heads)
+
+
+def decoder(L: Layout, il: int, attend, *, ffn_norm: Optional[str] = "ffn_norm.weight",
+            moe: Optional[dict] = None, is_moe=None, head_norm: Optional[str] = None) -> None:
+    """A pre-norm block: ``attn_norm``, ``attend(L, il)``, ``ffn_norm`` (None: a parallel block
+    whose FFN reads the attention's input), ``moe_ffn(**moe)`` where ``is_moe(il)`` (default:
+    after the ``dims.dense_lead`` leading blocks) and a dense FFN elsewhere, and a NextN block's
+    input fusion."""
+    d, p = L.dims, blk(il)
+    L.norm(p + "attn_norm.weight", d.n_embd)
+    attend(L, il)
+    if ffn_norm:
+        L.norm(p + ffn_norm, d.n_embd)
+    if not (is_moe(il) if is_moe else il >= d.dense_lead):
+        dense_ffn(L, il)
+    else:
+        moe_ffn(L, il, **(moe or {}))
+    if il in L.nextn:
+        nextn(L, il, head_norm=head_norm)

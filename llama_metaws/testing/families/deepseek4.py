@@ -38,14 +38,14 @@ def _compressor(L: Layout, prefix: str, head_dim: int, ratio: int) -> None:
 
 
 def deepseek4(dims: Dims) -> Layout:
-    L = Layout("deepseek4", dims, n_layer=2, n_nextn=1)
+    L = Layout("deepseek4", dims)
     d = dims
     E, H, hd = d.n_embd, d.n_head, d.head_dim
     n_mix = (2 + HC) * HC
     L.set(attention__head_count=H, attention__head_count_kv=1, attention__key_length=hd,
           attention__value_length=hd, rope__dimension_count=hd // 2,
           attention__layer_norm_rms_epsilon=d.rms_eps, attention__q_lora_rank=d.q_lora,
-          attention__sliding_window=d.n_ctx // 4, attention__output_group_count=O_GROUPS,
+          attention__sliding_window=d.n_swa, attention__output_group_count=O_GROUPS,
           attention__output_lora_rank=O_LORA, attention__compress_ratios=per_layer(L, RATIOS),
           attention__compress_rope_freq_base=160000.0, attention__indexer__head_count=d.indexer_heads,
           attention__indexer__key_length=d.indexer_dim, attention__indexer__top_k=4 * d.n_ctx,

@@ -48,12 +48,27 @@ class Dims:
     n_vocab: int = 128
     n_embd: int = 128
     n_ctx: int = 256
+    # the structure (the tiny models: two trunk blocks, one NextN block; the planner: a config's)
+    n_layer: int = 2         # trunk blocks
+    n_nextn: int = 1         # NextN blocks after them
+    dense_lead: int = 1      # leading blocks with a dense FFN (MoE families)
+    swa: Tuple[int, ...] = ()  # per block (trunk and NextN): 1 = sliding-window attention
+    n_swa: int = 64          # the window
+    layer_types: str = ""    # nemotron's trunk: M (Mamba-2), * (attention), E (MoE)
+    full_attn_interval: int = 2  # qwen's hybrids: every k-th trunk block is full attention
+    tie: bool = False        # no output.weight: the LM head is token_embd
     n_head: int = 2
     n_head_kv: int = 2
     head_dim: int = 64
+    head_dim_v: int = 0      # 0: head_dim
+    n_head_kv_swa: int = 0   # K/V heads of a sliding-window block (0: n_head_kv)
+    n_rot: int = 0           # rotated dimensions (0: the loader's default, the whole head)
+    rope_sections: Tuple[int, ...] = ()  # qwen3.5's M-RoPE sections (empty: head_dim / 4 each)
     n_ff: int = 192
+    n_head_swa: int = 0      # query heads of a sliding-window block (0: n_head)
     n_expert: int = 4
     n_expert_used: int = 2
+    n_expert_shared: int = 1
     n_ff_exp: int = 64
     n_ff_shexp: int = 64
     # MLA (deepseek2 and its kin)
@@ -69,6 +84,7 @@ class Dims:
     ssm_conv: int = 4
     ssm_state: int = 64
     ssm_heads: int = 2
+    ssm_head_dim: int = 0    # Mamba-2's head size (0: ssm_state)
     ssm_groups: int = 2
     rms_eps: float = 1e-6
 
@@ -86,12 +102,12 @@ class Tensor:
 
 
 class Layout:
-    """Metadata and tensors of one tiny model: ``n_layer`` trunk blocks, then ``n_nextn`` NextN
-    blocks (``block_count = n_layer + n_nextn``, as llama.cpp counts them)."""
+    """Metadata and tensors of one model: ``dims.n_layer`` trunk blocks, then ``dims.n_nextn``
+    NextN blocks (``block_count = n_layer + n_nextn``, as llama.cpp counts them)."""
 
-    def __init__(self, arch: str, dims: Dims, *, n_layer: int, n_nextn: int) -> None:
+    def __init__(self, arch: str, dims: Dims) -> None:
         self.arch, self.dims = arch, dims
-        self.n_layer, self.n_nextn = n_layer, n_nextn
+        self.n_layer, self.n_nextn = n_layer, n_nextn = dims.n_layer, dims.n_nextn
         self.kv: Dict[str, object] = {
             "context_length": dims.n_ctx,
             "embedding_length": dims.n_embd,
@@ -212,3 +228,35 @@ def write(layout: Layout, path: Path, tensors: List[Tuple[str, np.ndarray]]) -> 
     for name, value in tensors:
         t.add(name, value)
     return _write_gguf(Path(path), layout.arch, layout.kv, t, layout.dims.n_vocab)
+
+
+def write_header(layout: Layout, path: Path, tensor_type: Callable[[str, Tuple[int, ...]], object]) -> Path:
+    """A GGUF file with the layout's metadata, a TEST tokenizer and tensor infos of
+    ``tensor_type(name, ne)`` (a ``gguf.GGMLQuantizationType``), whose data is a hole: the
+    file is truncated to its full length (sparse on disk), so llama.cpp's bounds checks pass
+    and a ``no_alloc`` load reads nothing past the header (the planner's model)."""
+    import os
+
+    import gguf
+
+    from .. import add_metadata, write_vocab
+
+    w = gguf.GGUFWriter(str(path), layout.arch)
+    w.add_name(f"planned-{layout.arch}")
+    add_metadata(w, layout.arch, layout.kv)
+    write_vocab(w, "test", layout.dims.n_vocab, layout.dims.n_vocab - 1)
+    total = 0
+    for t in layout.tensors:
+        kind = tensor_type(t.name, t.ne)
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        nbytes = int(np.prod(t.ne, dtype=np.int64)) // block * size
+        w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), nbytes, raw_dtype=kind)
+        total += gguf.GGUFWriter.ggml_pad(nbytes, w.data_alignment)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    with open(path, "r+b") as f:  # the data region: a hole, as long as the tensors say
+        f.seek(0, os.SEEK_END)
+        f.truncate(gguf.GGUFWriter.ggml_pad(f.tell(), w.data_alignment) + total)
+    return Path(path)

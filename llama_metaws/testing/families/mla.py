@@ -1,7 +1,7 @@
 """The MLA families: ``deepseek2`` (as GLM-4.7-Flash uses it), ``deepseek32`` and ``glm-dsa``.
 
-Multi-head latent attention with a low-rank Q in every block; block 0 has a dense FFN
-(``leading_dense_block_count`` 1), the others sigmoid-routed experts with a selection bias and
+Multi-head latent attention with a low-rank Q in every block; the leading blocks have a dense
+FFN (``leading_dense_block_count``, 1 in the tiny models), the others sigmoid-routed experts with a selection bias and
 one shared expert; the NextN block is a MoE block (``src/models/deepseek2.cpp``,
 ``deepseek32.cpp``, ``glm-dsa.cpp``). deepseek32 and glm-dsa add DeepSeek sparse attention's
 lightning indexer to every block (glm-dsa before 5.2, a context under 1M: every indexer full).
@@ -9,32 +9,26 @@ lightning indexer to every block (glm-dsa before 5.2, a context under 1M: every 
 
 from __future__ import annotations
 
-from .blocks import GATING_SIGMOID, blk, dense_ffn, dsa_indexer, dsa_kv, embeddings, mla_attention, mla_kv, moe_ffn, moe_kv, nextn
+from .blocks import GATING_SIGMOID, decoder, dsa_indexer, dsa_kv, embeddings, mla_attention, mla_kv, moe_kv
 from .layout import Dims, Layout
 
 
 def _mla_moe(arch: str, dims: Dims, *, indexer: bool) -> Layout:
-    L = Layout(arch, dims, n_layer=2, n_nextn=1)
+    L = Layout(arch, dims)
     d = dims
     mla_kv(L)
-    moe_kv(L, feed_forward_length=d.n_ff, leading_dense_block_count=1, expert_shared_count=1,
+    moe_kv(L, feed_forward_length=d.n_ff, leading_dense_block_count=d.dense_lead, expert_shared_count=d.n_expert_shared,
            expert_weights_scale=1.0, expert_weights_norm=True, expert_gating_func=GATING_SIGMOID)
     if indexer:
         dsa_kv(L)
-    embeddings(L)
-    for il in L.layers:
-        p = blk(il)
-        L.norm(p + "attn_norm.weight", d.n_embd)
+    def attend(L, il):
         mla_attention(L, il)
         if indexer:
             dsa_indexer(L, il)
-        L.norm(p + "ffn_norm.weight", d.n_embd)
-        if il == 0:
-            dense_ffn(L, il)
-        else:
-            moe_ffn(L, il, n_ff_shexp=d.n_ff_exp)  # one shared expert of the routed size
-        if il in L.nextn:
-            nextn(L, il)
+
+    embeddings(L)
+    for il in L.layers:  # shared experts of the routed size
+        decoder(L, il, attend, moe=dict(n_ff_shexp=d.n_ff_exp * d.n_expert_shared))
     return L
 
 
