@@ -54,6 +54,7 @@ __all__ = [
 ]
 
 from .vocab import VOCABS, chars_vocab, write_vocab  # noqa: E402
+from .metadata import add_metadata  # noqa: E402
 from .families.agreement import LOGIT_MARGIN, agreement_plan, check_agreement, design_tensors  # noqa: E402
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -137,23 +138,6 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
-
-
-def add_metadata(writer, arch: str, kv: Dict[str, object]) -> None:
-    """``<arch>.<key>`` for each of ``kv``: bools, ints as uint32, floats as float32, lists as
-    arrays."""
-    for key, value in kv.items():
-        full = f"{arch}.{key}"
-        if isinstance(value, bool):
-            writer.add_bool(full, value)
-        elif isinstance(value, int):
-            writer.add_uint32(full, value)
-        elif isinstance(value, float):
-            writer.add_float32(full, value)
-        elif isinstance(value, list):
-            writer.add_array(full, value)
-        else:  # pragma: no cover - programming error
-            raise TypeError(f"unsupported metadata value for {full}: {value!r}")
 
 
 def _write_gguf(

@@ -14,6 +14,8 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from .metadata import add_metadata
+
 PathLike = Union[str, "os.PathLike[str]"]
 
 # the tiny models' figures (llama_metaws.testing: N_VOCAB, LOGIT_MARGIN, CHAT_TEMPLATE, ...)
@@ -424,8 +426,6 @@ def _write_mtp_model(path: Path, args: Dict[str, object]) -> None:
     writer = gguf.GGUFWriter(str(path), "qwen35")
     try:
         writer.add_name(f"qwen35-mtp-e{E}-l{L}")
-        from . import add_metadata  # the writer every model shares (a late import: testing imports this module)
-
         add_metadata(writer, "qwen35", kv)
         writer.add_tokenizer_model("test")
         writer.add_token_list(_token_texts(V))

@@ -239,7 +239,8 @@ def write_header(layout: Layout, path: Path, tensor_type: Callable[[str, Tuple[i
 
     import gguf
 
-    from .. import add_metadata, write_vocab
+    from ..metadata import add_metadata
+    from ..vocab import write_vocab
 
     w = gguf.GGUFWriter(str(path), layout.arch)
     w.add_name(f"planned-{layout.arch}")
