@@ -67,7 +67,8 @@ from .engine import synthetic as _synthetic
 from .engine.contexts import split_mode_value
 from .engine.core import Engine
 from .engine.drafting import AdaptiveLength
-from .engine.gguf_meta import nextn_layers as _gguf_nextn_layers
+from .engine.gguf_meta import architecture as _gguf_arch, nextn_layers as _gguf_nextn_layers
+from .native.archs import check_mtp_graph, check_tensor_split as check_arch_tensor_split
 from .engine.limits import check_draft_max
 from .engine.request import DraftStatsReport, Request, timings_of
 from .engine.samplers import SamplingParams
@@ -231,8 +232,9 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         elif local is not None:
             self._device_list = _devices.DeviceList(local, allow_empty=True)
             model_fields["devices"] = self._device_list.pointer
-        if split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:  # devices, flash attention, host KV
+        if split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:  # devices, flash attention, host KV, the arch
             _devices.check_tensor_split(self._device_list, kwargs)
+            check_arch_tensor_split(_gguf_arch(model_path))
         proposer = kwargs.pop("draft_model", None)  # the binding's own (prompt lookup, ...)
         if draft == "mtp":
             if proposer is not None:
@@ -243,6 +245,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
                     f"draft='mtp' needs a model with NextN (MTP) layers; this {arch!r} model has none "
                     f"({arch}.nextn_predict_layers is missing or 0). Use draft=None, or an MTP model "
                     f"(qwen35, qwen3next, glm4-moe, deepseek2, ...)")
+            check_mtp_graph(arch)  # NextN layers without a graph (nemotron_h): refused here, not at decode
             model_fields["load_mtp"] = True
             check_draft_max(draft_max, min(kwargs.get("n_batch", 512), kwargs.get("n_ubatch", 512)),
                             fit="n_batch and n_ubatch")

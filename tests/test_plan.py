@@ -177,3 +177,31 @@ def test_a_qwen35_moe_config_with_mtp_is_planned():
     del cfg["text_config"]["num_experts_per_tok"]
     with pytest.raises(PlanError, match="num_experts_per_tok"):
         plan(hf_config=cfg)
+
+
+CONFIGS = sorted((ROOT / "bench" / "configs").glob("*.json"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_each_family_config_is_planned_with_its_draft_and_the_workspace_saving(config):
+    from llama_metaws.native.archs import NO_TENSOR_SPLIT_ARCHS
+    from llama_metaws.tools.hf_config import hf_layout
+
+    doc = json.loads(config.read_text())
+    assert doc["_source"]["model"] and doc["_source"]["values"]  # where every value came from
+    arch = hf_layout(doc).arch
+    tensor = arch not in NO_TENSOR_SPLIT_ARCHS
+    p = plan(hf_config=config, devices=2, split_mode="tensor" if tensor else "layer", n_ctx=4096, n_ubatch=512,
+             n_seq_max=2)
+    assert p.model["size"] > 10 * 2**30  # a real model's weights, none read
+    d = p.device("CPU0" if tensor else "CPU")
+    # the config's NextN block is loaded: the draft computes, and the workspace holds
+    # max(target, draft) where two private schedulers hold the sum
+    assert d.draft_compute > 0 and d.target_compute > 0
+    assert d.compute["alias"] == max(d.target_compute, d.draft_compute) < d.compute["off"]
+    assert d.compute["off"] == d.target_compute + d.draft_compute
+    if tensor:  # the alias shares the meta compute buffer that private-meta keeps apart
+        assert d.compute["private-meta"] == d.compute["off"]
+    else:
+        with pytest.raises(PlanError, match=f"no tensor split for architecture '{arch}'"):
+            plan(hf_config=config, devices=2, split_mode="tensor")

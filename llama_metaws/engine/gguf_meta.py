@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from typing import BinaryIO, Dict, Iterable
 
-__all__ = ["read_keys", "check_complete", "nextn_layers"]
+__all__ = ["read_keys", "check_complete", "nextn_layers", "architecture"]
 
 # GGUF value types -> struct format of one scalar (8: string, 9: array)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -140,3 +140,12 @@ def nextn_layers(path: str) -> tuple:
             raise
         raise ValueError(f"{path} is not a readable GGUF model (truncated?): {e}") from None
     return arch, int(n)
+
+
+def architecture(path: str):
+    """``general.architecture`` of the file, or None where it has none or cannot be read (the
+    loader then says why)."""
+    try:
+        return read_keys(path, ["general.architecture"]).get("general.architecture")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None

@@ -54,6 +54,8 @@ __all__ = [
 ]
 
 from .vocab import VOCABS, chars_vocab, write_vocab  # noqa: E402
+from .metadata import add_metadata  # noqa: E402
+from .families.agreement import LOGIT_MARGIN, agreement_plan, check_agreement, design_tensors  # noqa: E402
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -76,8 +78,6 @@ def split_devices(n: int = 2) -> List[str]:
 N_VOCAB = 128
 #: Embedding width of every tiny model.
 N_EMBD = 256
-#: Logit gap between the designed next token and every other token in agreement models.
-LOGIT_MARGIN = 10.0
 #: Architectures :func:`make_tiny_model` can write.
 SUPPORTED_ARCHS: Tuple[str, ...] = ("llama", "qwen3", "qwen35")
 
@@ -159,19 +159,7 @@ def _write_gguf(
     writer = gguf.GGUFWriter(str(path), arch)
     try:
         writer.add_name(f"tiny-{arch}")
-        for key, value in kv.items():
-            full = f"{arch}.{key}"
-            if isinstance(value, bool):
-                writer.add_bool(full, value)
-            elif isinstance(value, int):
-                writer.add_uint32(full, value)
-            elif isinstance(value, float):
-                writer.add_float32(full, value)
-            elif isinstance(value, list):
-                writer.add_array(full, value)
-            else:  # pragma: no cover - programming error
-                raise TypeError(f"unsupported metadata value for {full}: {value!r}")
-
+        add_metadata(writer, arch, kv)
         write_vocab(writer, vocab, n_vocab, n_vocab - 1, vocab_words)  # the last token ends generation
         writer.add_chat_template(CHAT_TEMPLATE if chat_template is None else chat_template)
 
@@ -301,37 +289,14 @@ def mtp_agreement_plan(agreement: float, seed: int = 0) -> Dict[str, np.ndarray]
 
 
 def _check_agreement(agreement: float) -> float:
-    a = float(agreement)
-    if not (0.0 <= a <= 1.0) or a != a:
-        raise ValueError(f"agreement must be a float in [0, 1], got {agreement!r}")
-    return a
+    return check_agreement(agreement, 1)[0]
 
 
 def _agreement_plan(
     rng: np.random.Generator, a: float
 ) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
     """Draw the embedding basis and the successor cycle; return (plan, embeddings)."""
-    V, E = N_VOCAB, N_EMBD
-    q, _ = np.linalg.qr(rng.standard_normal((E, V)))  # E x V, orthonormal columns
-    emb = np.ascontiguousarray(q.T)  # V x E, orthonormal rows
-    # the last token is the end of generation: the cycle leaves it out, so greedy decoding
-    # never ends on its own; after it (a prompt may hold it) comes the cycle's first token
-    cycle = rng.permutation(V - 1).astype(np.int64)
-    succ = np.empty(V, dtype=np.int64)
-    succ[cycle] = np.roll(cycle, -1)
-    succ[EOS_TOKEN] = cycle[0]
-    k = np.arange(V - 1, dtype=np.int64)
-    # Low-discrepancy (Sturmian) pattern along the cycle: position k agrees iff
-    # floor((k+1)a) > floor(ka). Any L consecutive positions without wrap-around hold
-    # floor(La) or ceil(La) agreements; with one wrap the error stays under 2.
-    on_cycle = (np.floor((k + 1) * a + 1e-9) > np.floor(k * a + 1e-9)).astype(np.int64)
-    agree = np.ones(V, dtype=np.int64)
-    agree[cycle] = on_cycle
-    # pi(t) = t on agreeing tokens, succ(t) elsewhere; the draft predicts succ(pi(t))
-    pi = np.where(agree == 1, np.arange(V), succ)
-    draft = succ[pi]
-    plan = {"cycle": cycle, "succ": succ, "agree": agree, "draft": draft, "pi": pi}
-    return plan, emb
+    return agreement_plan(rng, N_VOCAB, N_EMBD, [a])
 
 
 def _end_tokens(n_vocab: int, vocab: str, words) -> List[int]:
@@ -412,15 +377,8 @@ def make_tiny_mtp_model(
         _qwen35_mtp_block(t, n_trunk, None, None, 0.1)
     else:
         plan, emb = _agreement_plan(rng, _check_agreement(agreement))
-        scale = LOGIT_MARGIN / np.sqrt(E)
-        # row succ(t) = scale * e_t; the end-of-generation row stays zero (never chosen), and
-        # the row after it also answers to e_EOS
-        output = np.zeros((V, E))
-        output[plan["succ"][plan["cycle"]]] = scale * emb[plan["cycle"]]
-        output[plan["succ"][EOS_TOKEN]] += scale * emb[EOS_TOKEN]
-        m = emb[plan["pi"]].T @ emb  # M @ e_t = e_pi(t)
-        eh_proj = np.zeros((E, 2 * E))
-        eh_proj[:, :E] = m  # embedding half; the hidden half stays zero
+        design = design_tensors(plan, emb)
+        eh_proj, output = design["eh_proj"][0], design["output"]
         t.add("token_embd.weight", emb)
         t.ones("output_norm.weight", E)
         t.add("output.weight", output)

@@ -14,6 +14,8 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from .metadata import add_metadata
+
 PathLike = Union[str, "os.PathLike[str]"]
 
 # the tiny models' figures (llama_metaws.testing: N_VOCAB, LOGIT_MARGIN, CHAT_TEMPLATE, ...)
@@ -424,14 +426,7 @@ def _write_mtp_model(path: Path, args: Dict[str, object]) -> None:
     writer = gguf.GGUFWriter(str(path), "qwen35")
     try:
         writer.add_name(f"qwen35-mtp-e{E}-l{L}")
-        for key, value in kv.items():
-            full = f"qwen35.{key}"
-            if isinstance(value, int):
-                writer.add_uint32(full, value)
-            elif isinstance(value, float):
-                writer.add_float32(full, value)
-            else:
-                writer.add_array(full, value)  # type: ignore[arg-type]
+        add_metadata(writer, "qwen35", kv)
         writer.add_tokenizer_model("test")
         writer.add_token_list(_token_texts(V))
         writer.add_token_scores([0.0] * V)

@@ -46,6 +46,8 @@ from ..errors import PlanError
 from ..engine.limits import AUTO_DRAFT_MAX
 from ..flags import draft_max_value
 from .hf_config import WEIGHT_TYPES, write_gguf_from_hf_config
+from ..engine.gguf_meta import architecture
+from ..native.archs import check_mtp_graph, check_tensor_split
 from ..native.params import set_fields
 from .vram.probe import device_keys
 
@@ -233,6 +235,14 @@ def _plan_file(path, names, labels, split, tensor_split, n_ctx, n_batch, n_ubatc
     from ..engine.contexts import context_fields, draft_context_params
     from ..engine.devices import DeviceList
 
+    arch = architecture(os.fspath(path))  # refused before llama.cpp reads the file
+    try:
+        if split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:
+            check_tensor_split(arch)
+        if mtp and arch is not None:
+            check_mtp_graph(arch)
+    except ValueError as e:
+        raise PlanError(f"plan: {e}") from None
     mp = llama_cpp.llama_model_default_params()
     device_list = DeviceList(names)
     # no_alloc: metadata only, the allocators report sizes and allocate nothing
@@ -403,8 +413,9 @@ def add_arguments(p):
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-m", "--model", help="GGUF model file (only its header is read)")
-    src.add_argument("--hf-config", metavar="FILE", help="a Hugging Face config.json (qwen35 family: "
-                     "Qwen3.5/3.6/3.8 dense and MoE)")
+    src.add_argument("--hf-config", metavar="FILE", help="a Hugging Face config.json: Qwen3.5/3.6/3.8 dense "
+                     "and MoE, GLM-4.5, GLM-4.7-Flash, DeepSeek-V3.2, MiMo-V2/V2.5, Step-3.5, Nemotron-H MoE "
+                     "(examples: bench/configs/)")
     p.add_argument("--devices", "-dev", "--device", dest="devices", default="1",
                    help="a count of CPU stand-ins (e.g. 2) or comma-separated names (e.g. CUDA0,CUDA1: "
                    "planned on them when present, else on CPU stand-ins carrying the names); default 1")
