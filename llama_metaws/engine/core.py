@@ -131,6 +131,10 @@ class Engine:
             n_batch = min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx))) if draft else self.n_batch
             check_draft_max(draft_max, n_batch, n_ubatch=self.n_ubatch,
                             n_rs_seq=self.n_rs_seq if self.recurrent else None)
+        if draft is not None:  # chained NextN heads: a draft is at most as long as there are heads
+            n_heads = int(llama_cpp.llama_model_n_layer_nextn(llama_cpp.llama_get_model(draft.ctx)))
+            if n_heads > 1:
+                self.draft_max = min(self.draft_max, n_heads)
         if synth_rates and not drafting:
             raise ValueError("synthetic acceptance requires drafting")
         self.synth_probs = synthetic.conditional(synth_rates)  # empty: verification by match
@@ -498,6 +502,7 @@ class Engine:
         """Another cost model (a test's, or one with its own clock) for draft_max="auto", and a
         policy that starts from it (the prior is dropped: :meth:`calibrate` measures one again)."""
         self.costs = costs
+        costs.chained = self.head is not None and self.head.chained
         self.policy = DraftPolicy(costs)
         self.prior = None
         if self.head is not None:

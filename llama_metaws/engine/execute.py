@@ -15,7 +15,8 @@
    so greedy output equals no drafting and sampled output keeps the target's distribution; with
    synthetic acceptance, :mod:`.synthetic`, at random), and the rejected positions are removed
    from both contexts;
-5. the drafts of every slot that goes on, together, one draft decode per depth (with
+5. the drafts of every slot that goes on, together, one draft decode per depth (chained NextN
+   heads: depth k under head k, :class:`~.drafting.MTPHead`; with
    ``draft_max="auto"``, a scout of a plain slot is a shadow draft: proposed with the others,
    then kept on the slot's acceptance to be judged against the tokens the target samples next,
    :meth:`~.drafting.AdaptiveLength.judge`; the step stays plain).
@@ -126,8 +127,8 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
             id(v) in drafting or v.finish is not None or len(v.segment.slot.lag) >= LAG_MAX)])
     if engine.draft_max:
         if starts and head is not None:
-            def on_depth(m, seconds):
-                costs.draft.add(m, seconds)
+            def on_depth(n, seconds):
+                costs.draft.add(n, seconds)
                 engine.graphs_draft += 1
 
             proposed = head.propose([(v.segment.slot.seq_id, v.last, v.n, v.pending, n) for v, n in starts],

@@ -11,9 +11,10 @@ shared: drafting for one slot makes every slot's step longer.
   verdicts, :class:`~.drafting.AdaptiveLength`). A draft of ``k`` tokens yields
   ``1 + p_1 + p_1 p_2 + ... + p_1 ... p_k`` tokens on average.
 - **What a step costs**: :class:`StepCosts` holds the time of a target decode of ``n`` tokens,
-  of the draft context's catch-up over those ``n`` tokens, and of one draft decode over ``m``
-  slots (moving averages per size, interpolated between the sizes seen, extrapolated linearly
-  beyond them). They start from a prior the engine measures at load (:mod:`.prior`: batches of
+  of the draft context's catch-up over those ``n`` tokens, and of one draft decode of ``n``
+  tokens (one per slot drafting; with chained NextN heads depth ``d`` decodes each slot's chain so
+  far, ``d + 1`` tokens, under head ``d``) (moving averages per size, interpolated between the
+  sizes seen, extrapolated linearly beyond them). They start from a prior the engine measures at load (:mod:`.prior`: batches of
   1 to ``cap + 1`` tokens, or a curve saved by an earlier run), and the engine goes on measuring
   as it runs. The target's are timed on steps without prompt tokens only, where every token is
   an output row: a prompt of 7 tokens has one, and computes a seventh of the output head a
@@ -148,7 +149,9 @@ class StepCosts:
         self.clock = clock
         self.target = _Curve()    # target decode of n tokens, each an output row
         self.catch_up = _Curve()  # the draft context's catch-up over n tokens
-        self.draft = _Curve()     # one draft decode over m slots
+        self.draft = _Curve()     # one draft decode of n tokens
+        #: chained NextN heads: draft depth d decodes d + 1 tokens a slot
+        self.chained = False
 
     @property
     def known(self) -> bool:
@@ -163,7 +166,8 @@ class StepCosts:
         ``least``: with the least each target graph can cost (:meth:`_Curve.floor`) in place of
         its estimate."""
         target = sum(self.target.floor(n) if least else self.target(n) for n in sizes)
-        return target + self.catch_up(sum(sizes)) + sum(self.draft(m) for m in depths if m)
+        drafts = sum(self.draft(m * (d + 1) if self.chained else m) for d, m in enumerate(depths) if m)
+        return target + self.catch_up(sum(sizes)) + drafts
 
 
 class _Given:
@@ -184,7 +188,8 @@ class _Given:
 
 
 class FixedCosts(StepCosts):
-    """Costs given as functions (tests): ``target(n)``, ``catch_up(n)``, ``draft(m)`` seconds."""
+    """Costs given as functions (tests): ``target(n)``, ``catch_up(n)``, ``draft(n)`` seconds (a
+    draft decode of ``n`` tokens: one per slot, each slot's chain with chained heads)."""
 
     def __init__(self, target: Callable[[int], float], catch_up: Callable[[int], float] = lambda n: 0.0,
                  draft: Callable[[int], float] = lambda m: 0.0) -> None:
