@@ -17,7 +17,9 @@ New keyword arguments (llama.cpp's option names):
   measured at load, or a curve saved by an earlier load and checked
   (:mod:`llama_metaws.engine.prior`), then as the engine runs, see
   :mod:`llama_metaws.engine.policy`; a model with several NextN heads, mimo2 or step35, drafts
-  step k with head k and at most as many tokens as it has heads, as llama.cpp does),
+  step k with head k and at most as many tokens as it has heads, as llama.cpp does; a recurrent
+  target whose snapshots do not reach the draft, qwen3next, verifies with speculative
+  checkpoints, :mod:`llama_metaws.engine.rollback`),
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
   the binding's ``draft_model`` (prompt lookup, ...) drafts on the engine too;
   ``draft_synth_rates`` (a rate per draft position) or ``draft_synth_len``: llama-server's synthetic

@@ -184,14 +184,16 @@ class AdaptiveLength:
 def _splitter(engine, going, fixed):
     """The next step's target graphs (their tokens) as a function of the tokens each of ``going``
     decodes, ``fixed`` (the prompt chunks that go on, ``(seq_id, tokens)``) included
-    (:meth:`~.core.Engine.target_split`), for :meth:`~.policy.DraftPolicy.choose`."""
+    (:meth:`~.core.Engine.target_split`), for :meth:`~.policy.DraftPolicy.choose`; a slot's
+    replay (:mod:`.rollback`) goes with its tokens."""
     seqs = [v.segment.slot.seq_id for v in going]
+    replays = [v.replay for v in going]
     seen: Dict[Tuple[int, ...], List[int]] = {}
 
     def split(counts: List[int]) -> List[int]:
         key = tuple(counts)
         if key not in seen:
-            seen[key] = engine.target_split(sorted(fixed + list(zip(seqs, counts))))
+            seen[key] = engine.target_split(sorted(fixed + [(q, c + r) for q, c, r in zip(seqs, counts, replays)]))
         return seen[key]
 
     return split
