@@ -11,16 +11,13 @@ error, not an abort. ``bench/bench_heads.py`` compares the counts with llama-spe
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from llama_metaws import Llama
 from llama_metaws.testing.families import FAMILIES, family_plan, make_family_model
 
-KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False)
-PROMPTS = [[1, 2, 3, 4, 5], [9], [(7 * i + 3) % 120 for i in range(70)]]  # the last past n_batch
-MAX_TOKENS = [24, 17, 20]
+from drafting_runs import KW, MAX_TOKENS, PROMPTS, concurrently, shares_workspace, tokens as _tokens
+
 SEED = 4
 CHAINED = [a for a, f in FAMILIES.items() if f.chained_heads and f.mtp_graph]
 
@@ -39,11 +36,6 @@ def _path(models_dir, arch, rates):
         _PATHS[key] = str(make_family_model(arch, models_dir / f"heads-{arch}-{name}.gguf", seed=SEED,
                                             agreement=list(rates)))
     return _PATHS[key]
-
-
-def _tokens(llm, prompt, n):
-    out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, logprobs=1)
-    return out["choices"][0]["logprobs"]["token_ids"]
 
 
 def _expected(path):
@@ -129,20 +121,10 @@ def test_two_sequences_at_once_equal_their_solo_outputs(models_dir, arch):
     expected = _expected(path)
     with Llama(path, draft="mtp", draft_max=3, n_seq_max=2, **KW) as llm:
         steps = _steps(llm)
-        got = [None] * len(PROMPTS)
-
-        def run(i):
-            got[i] = _tokens(llm, PROMPTS[i], MAX_TOKENS[i])
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert got == expected
+        assert concurrently(llm) == expected
         assert llm.engine_stats()["slots_busy_max"] == 2
         assert steps and all(accepted == 1 for _, accepted in steps)
-        assert any(e.shared and e.borrower_need > 0 for e in llm.workspace_stats())
+        assert shares_workspace(llm)
 
 
 @pytest.mark.parametrize("draft_max", [5, "auto"])

@@ -28,11 +28,9 @@ from llama_metaws.engine.samplers import SamplingParams
 from llama_metaws.testing import make_tiny_mtp_model
 from llama_metaws.testing.families import family_plan, make_family_model
 
+from drafting_runs import KW, MAX_TOKENS, PROMPTS, concurrently, shares_workspace as _shared, tokens as _tokens
 from serving import Server
 
-KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False)
-PROMPTS = [[1, 2, 3, 4, 5], [9], [(7 * i + 3) % 120 for i in range(70)]]  # the last past n_batch
-MAX_TOKENS = [24, 17, 20]
 AGREEMENT = 0.5  # rejections on most steps: the checkpoint is restored often
 
 
@@ -46,15 +44,6 @@ def expected(next_path):
     """Each prompt's greedy tokens without drafting."""
     with Llama(next_path, **KW) as llm:
         return [_tokens(llm, p, n) for p, n in zip(PROMPTS, MAX_TOKENS)]
-
-
-def _tokens(llm, prompt, n):
-    out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, logprobs=1)
-    return out["choices"][0]["logprobs"]["token_ids"]
-
-
-def _shared(llm) -> bool:
-    return any(e.shared and e.borrower_need > 0 for e in llm.workspace_stats())
 
 
 def test_qwen3next_has_no_rollback_snapshots_and_drafts_losslessly_with_checkpoints(next_path, expected):
@@ -78,17 +67,7 @@ def test_other_draft_lengths(next_path, expected, draft_max):
 
 def test_two_sequences_at_once_equal_their_solo_outputs(next_path, expected):
     with Llama(next_path, draft="mtp", draft_max=3, n_seq_max=2, **KW) as llm:
-        got = [None] * len(PROMPTS)
-
-        def run(i):
-            got[i] = _tokens(llm, PROMPTS[i], MAX_TOKENS[i])
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert got == expected
+        assert concurrently(llm) == expected
         assert llm.engine_stats()["slots_busy_max"] == 2
         assert llm.draft_stats.total.restored > 0 and _shared(llm)
 
