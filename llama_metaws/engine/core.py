@@ -411,9 +411,9 @@ class Engine:
         the request's ``max_tokens`` or the slot's context leave fewer (0: a plain decode step)."""
         slot = v.segment.slot
         r = slot.request
-        if not r.draft or self.draft_max == 0:
+        if not r.draft or self.draft_max == 0 or v.replay:  # a replay step drafts nothing (rollback.py)
             return 0
-        n = min(self.draft_max, self.n_batch - 1 - v.replay)  # a replay goes first (rollback.py)
+        n = self.draft_max
         remaining = r.remaining
         if remaining is not None:  # a step yields its accepted drafts and one token more
             n = min(n, remaining - len(v.tokens) - 1)
@@ -425,9 +425,6 @@ class Engine:
         choice within it, from each slot's acceptance (this step's verdicts applied first) and the
         measured costs of the step (:func:`~.drafting.auto_lengths`)."""
         caps = [self.draft_length(v) for v in going]
-        room = self.n_batch - sum(1 + v.replay for v in going)  # the next batch holds every slot's
-        while sum(caps) > max(room, 0):
-            caps[caps.index(max(caps))] -= 1
         return auto_lengths(self, going, verdicts, caps) if self.adaptive else caps
 
     def decode_target(self, b: Batch, phase: str = "decoding") -> None:

@@ -172,8 +172,9 @@ def _catch_up(engine, entries, phase: str) -> None:
     carried = engine.head.feed(entries, phase)
     llama_cpp.llama_synchronize(engine.draft.ctx)
     engine.costs.catch_up.add(sum(len(e[1]) for e in entries), clock() - t0)
-    engine.graphs_draft += sum(engine.graphs_of_draft([SimpleNamespace(n=n, slot=SimpleNamespace(seq_id=q))
-                                                       for q, n in c]) for c in carried)
+    passes = engine.head.n_heads if engine.head.chained else 1  # chained heads: each decodes the batch
+    engine.graphs_draft += passes * sum(engine.graphs_of_draft([SimpleNamespace(n=n, slot=SimpleNamespace(seq_id=q))
+                                                                for q, n in c]) for c in carried)
 
 
 def _stopped(engine, r, token: int) -> bool:

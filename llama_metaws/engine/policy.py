@@ -17,7 +17,7 @@ shared: drafting for one slot makes every slot's step longer.
   sizes seen, extrapolated linearly beyond them). On a recurrent target whose snapshots do not
   reach a draft (qwen3next: none), a draft is verified with a speculative checkpoint
   (:mod:`.rollback`): the state saved before the step, and on a partial accept put back and the
-  tokens kept replayed in the next batch; :meth:`StepCosts.rollback` weighs what that costs, at
+  tokens kept replayed in the next step; :meth:`StepCosts.rollback` weighs what that costs, at
   each draft length's chance of a partial accept (the save and restore timed as the engine runs). They start from a prior the engine measures at load (:mod:`.prior`: batches of
   1 to ``cap + 1`` tokens, or a curve saved by an earlier run), and the engine goes on measuring
   as it runs. The target's are timed on steps without prompt tokens only, where every token is
@@ -183,7 +183,7 @@ class StepCosts:
         cost (:mod:`.rollback`; ``yields[s][x]``: slot ``s``'s expected tokens with a draft of
         ``x``): a save for each draft longer than :attr:`checkpoint_above`, and where ``a`` tokens
         of one are kept (``a`` short of its length: a partial accept), a restore and the replay of
-        ``a + 1`` tokens in the next batch (what they add to a one-token decode)."""
+        ``a + 1`` tokens in the next step (what they add to its one-token decode)."""
         if self.checkpoint_above is None:
             return 0.0
         saved = [s for s, k in enumerate(ks) if k > self.checkpoint_above]

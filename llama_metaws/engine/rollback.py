@@ -14,12 +14,13 @@ decoded again (llama-server's *replay*).
 So does the engine (:func:`save` before the step's target decode, :func:`roll_back` after the
 verdicts). The state is the partial one that prompt reuse's checkpoints hold
 (:func:`~.checkpoints.state_back`, :func:`~.checkpoints.write_state`, restored the way
-:meth:`~.core.Engine.restore_target` restores those). The replay heads the slot's next segment,
-``[replayed..., last, drafts...]``, with output rows from ``last`` on (:attr:`~.slots.Slot.replay`):
-what the replayed tokens gave is already emitted, the draft context (plain KV: llama.cpp gives MTP
-contexts no recurrent memory) is cut as usual and drafts from ``last`` meanwhile, where
-llama-server's replay step verifies no draft. The counts are llama-server's: the draft as drafted,
-and the tokens of it accepted.
+:meth:`~.core.Engine.restore_target` restores those). The replay is the slot's next segment,
+``[replayed..., last]``, with an output row at ``last`` only (:attr:`~.slots.Slot.replay`; what
+the replayed tokens gave is already emitted), and, as llama-server's replay step, it verifies no
+draft: a draft there would need a checkpoint taken before the replayed tokens, so a rejection in
+it would replay them again, and a run of partial accepts would replay ever more. The draft context
+(plain KV: llama.cpp gives MTP contexts no recurrent memory) is cut as usual. The counts are
+llama-server's: the draft as drafted, and the tokens of it accepted.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ requests on idle slots (the slot whose held tokens share the longest prefix with
 the prompt is reused from), and gives every busy slot its segment of the batch, as llama-server's
 ``update_slots`` builds its one batch per iteration:
 
-- a generating slot: ``[last, drafts...]``, every row sampled (behind the tokens a restored
-  speculative checkpoint left to replay, no rows: :mod:`.rollback`);
+- a generating slot: ``[last, drafts...]``, every row sampled (after a restored speculative
+  checkpoint, :mod:`.rollback`: ``[replayed..., last]``, the last row sampled);
 - a slot in its prompt: the next chunk, no output rows but the prompt's last (sampled at once
   without drafting; with drafting the last token is held back and decoded with the first draft),
   every row with ``prompt_rows`` (echo with logprobs), chunks ending where a checkpoint is taken.
