@@ -90,6 +90,25 @@ def test_auto_draft_max_weighs_the_checkpoints_and_stays_lossless(next_path, exp
             assert costs.save.known
 
 
+def test_a_stop_inside_a_draft_leaves_the_slot_holding_what_the_target_holds(next_path, expected):
+    """A stop string at a draft token ends the request with the rest of the draft rejected: the
+    checkpoint is restored and the replay never runs, so the slot gives back what the target no
+    longer holds; the next request on it reuses its prefix from there."""
+    with Llama(next_path, **KW) as ref:
+        pieces = [ref.detokenize(expected[0][i:i + 2]).decode() for i in range(1, 14)]
+        want = [ref.create_completion(PROMPTS[0], max_tokens=24, temperature=0.0, stop=[s])["choices"][0]["text"]
+                for s in pieces]
+    with Llama(next_path, draft="mtp", draft_max=3, **KW) as llm:
+        engine, pending = llm._engine, []
+        finish = engine.finish
+        engine.finish = lambda slot, reason, *a, **kw: pending.append(slot.replay) or finish(slot, reason, *a, **kw)
+        for stop, text in zip(pieces, want):
+            assert llm.create_completion(PROMPTS[0], max_tokens=24, temperature=0.0, stop=[stop])["choices"][0]["text"] == text
+            assert engine.slots[0].replay == 0
+            assert _tokens(llm, PROMPTS[0], MAX_TOKENS[0]) == expected[0]
+        assert any(pending)  # some ended with a replay pending
+
+
 class Successors:
     """A binding draft model for the agreement design: the target's next two tokens, then a wrong
     one (two of three accepted on every step: a checkpoint restored each time)."""
