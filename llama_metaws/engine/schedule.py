@@ -122,9 +122,10 @@ def schedule(engine) -> StepPlan:
                 pos0 = slot.n - slot.replay
                 outputs = [False] * slot.replay + [True] * len(toks)
                 toks = [int(t) for t in slot.tokens[pos0 : slot.n]] + toks
-            segments.append(Segment(slot, "decode", toks, pos0, outputs, replay=slot.replay))
-            n_batch -= len(toks)
-            n_out -= len(toks)
+            seg = Segment(slot, "decode", toks, pos0, outputs, replay=slot.replay)
+            segments.append(seg)
+            n_batch -= seg.n
+            n_out -= seg.n_outputs
     for slot in engine.slots:
         if slot.state is not SlotState.PROMPT or n_batch <= 0:
             continue
