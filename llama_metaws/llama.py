@@ -16,7 +16,10 @@ New keyword arguments (llama.cpp's option names):
   for the most tokens per second, from each depth's recent acceptance and the step costs:
   measured at load, or a curve saved by an earlier load and checked
   (:mod:`llama_metaws.engine.prior`), then as the engine runs, see
-  :mod:`llama_metaws.engine.policy`),
+  :mod:`llama_metaws.engine.policy`; a model with several NextN heads, mimo2 or step35, drafts
+  step k with head k and at most as many tokens as it has heads, as llama.cpp does; a recurrent
+  target whose snapshots do not reach the draft, qwen3next, verifies with speculative
+  checkpoints, :mod:`llama_metaws.engine.rollback`),
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
   the binding's ``draft_model`` (prompt lookup, ...) drafts on the engine too;
   ``draft_synth_rates`` (a rate per draft position) or ``draft_synth_len``: llama-server's synthetic
@@ -247,6 +250,8 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
                     f"(qwen35, qwen3next, glm4-moe, deepseek2, ...)")
             check_mtp_graph(arch)  # NextN layers without a graph (nemotron_h): refused here, not at decode
             model_fields["load_mtp"] = True
+            if n_nextn > 1:  # chained heads, one per draft step (engine.drafting): sized for as many
+                draft_max = min(draft_max, n_nextn)
             check_draft_max(draft_max, min(kwargs.get("n_batch", 512), kwargs.get("n_ubatch", 512)),
                             fit="n_batch and n_ubatch")
         elif proposer is not None:

@@ -74,6 +74,11 @@ struct lmws_memory_entry {
 };
 int lmws_memory_breakdown(const struct llama_context * ctx, struct lmws_memory_entry * out, int capacity, int * n);
 
+// draft-mtp with several NextN heads (nextn.cpp): the head an MTP context's next decodes run,
+// llama_set_nextn_layer_offset with the offset checked against the model's NextN blocks
+// (LMWS_ERANGE: none there; llama.cpp would abort building the graph)
+int lmws_set_nextn_layer_offset(struct llama_context * ctx, int32_t offset);
+
 // ggml's RPC backend (rpc.c), through the registry's proc addresses
 int lmws_rpc_add_server(const char * endpoint, ggml_backend_dev_t * out, int capacity, int * n);
 int lmws_rpc_register_device(ggml_backend_dev_t dev);

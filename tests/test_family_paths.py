@@ -30,18 +30,6 @@ MODES = {"one-device": dict(split_mode="none"),
          "layer": dict(split_mode="layer", devices=split_devices(2)),
          "tensor": dict(split_mode="tensor", devices=split_devices(2))}
 
-# item 3 of issue 49 (drafting for a target without recurrent rollback, with full-state
-# checkpoints as llama.cpp does) is another task's: until it lands, Llama refuses qwen3next's
-# draft (a ValueError; serve does not come up), and these strict markers turn into failures the
-# day it does not
-REFUSED_TODAY = {"qwen3next": "issue 49 item 3: qwen3next drafts need full-state checkpoints (no rollback snapshots)"}
-
-
-def _families(raises):
-    return [pytest.param(a, marks=pytest.mark.xfail(strict=True, raises=raises, reason=REFUSED_TODAY[a]))
-            if a in REFUSED_TODAY else a for a in MTP_FAMILIES]
-
-
 @pytest.fixture(scope="module")
 def family_model(tmp_path_factory):
     out, made = tmp_path_factory.mktemp("family-paths"), {}
@@ -58,7 +46,7 @@ def _text(llm, prompt=PROMPT, n=N_TOKENS):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("arch", _families(ValueError))
+@pytest.mark.parametrize("arch", MTP_FAMILIES)
 def test_drafting_is_lossless_accepted_and_shares_the_workspace(family_model, arch, mode):
     path, split = family_model(arch), MODES[mode]
     if mode == "tensor" and arch in NO_TENSOR_SPLIT_ARCHS:
@@ -112,7 +100,7 @@ def _serve_pair(server):
     return together, alone
 
 
-@pytest.mark.parametrize("arch", _families(AssertionError))  # a refused model: "did not come up"
+@pytest.mark.parametrize("arch", MTP_FAMILIES)
 def test_serve_two_slots_draft_and_equal_their_solo_outputs(family_model, tmp_path, arch):
     srv = Server(family_model(arch), "--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "-np", "2",
                  "-c", "512", "-b", "64", "-ub", "64", "--metrics", "-a", "tiny", log_path=tmp_path / "serve.log")

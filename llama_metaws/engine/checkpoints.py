@@ -34,7 +34,7 @@ from ..native.shim import check_error, ffi, lib
 from .buffers import context_address
 
 __all__ = ["Checkpoint", "CheckpointStore", "PrefixReuse", "DEFAULT_CTX_CHECKPOINTS",
-           "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_CHECKPOINT_BYTES", "common_prefix"]
+           "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_CHECKPOINT_BYTES", "common_prefix", "state_back", "write_state"]
 
 #: checkpoints kept at most (llama-server's ``--ctx-checkpoints``; its default is 32)
 DEFAULT_CTX_CHECKPOINTS = 8
@@ -61,6 +61,16 @@ def state_back(ctx, n_back: int, seq_id: int = 0) -> Optional[bytes]:
     buf = ffi.new("uint8_t[]", size[0])
     check_error(lib.lmws_state_seq_get_back(c, seq_id, n_back, buf, size[0], size))
     return bytes(ffi.buffer(buf, size[0]))
+
+
+def write_state(ctx, state: bytes, seq_id: int = 0) -> None:
+    """Put ``state`` (what :func:`state_back` read) back as sequence ``seq_id``'s recurrent state in
+    ``ctx`` (``llama_state_seq_set_data_ext`` with ``PARTIAL_ONLY``; the attention KV is left
+    alone)."""
+    buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+    got = int(llama_cpp.llama_state_seq_set_data_ext(ctx, buf, len(state), seq_id, PARTIAL))
+    if got != len(state):
+        raise RuntimeError(f"llama_state_seq_set_data_ext read {got} of {len(state)} bytes")
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -150,14 +160,6 @@ class CheckpointStore:
         fit = [c for c in self.items if 0 < c.n_tokens <= limit]
         return max(fit, key=lambda c: c.n_tokens, default=None)
 
-    def restore(self, ctx, cp: Checkpoint) -> None:
-        """Put ``cp``'s recurrent state back into ``ctx`` (the attention KV is left alone)."""
-        buf = (ctypes.c_uint8 * len(cp.state)).from_buffer_copy(cp.state)
-        got = int(llama_cpp.llama_state_seq_set_data_ext(ctx, buf, len(cp.state), self.seq_id, PARTIAL))
-        if got != len(cp.state):
-            raise RuntimeError(f"llama_state_seq_set_data_ext read {got} of {len(cp.state)} bytes")
-        self.restored += 1
-
     def clear(self) -> None:
         self.evicted += len(self.items)
         self.items = []
@@ -211,11 +213,10 @@ class PrefixReuse:
             cp = store.best(limit)
             if cp is not None:
                 try:
-                    store.restore(engine.target.ctx, cp)
-                    ok = engine.seq_rm(seq, cp.n_tokens, target_only=True) and \
-                        engine.seq_pos_max(seq) == cp.n_tokens - 1
+                    ok = engine.restore_target(seq, cp.state, cp.n_tokens)
                 except RuntimeError:
                     ok = False
+                store.restored += ok
                 if ok and engine.seq_rm_draft(seq, cp.n_tokens):
                     slot.keep(cp.n_tokens, cp.row)
                     return cp.n_tokens

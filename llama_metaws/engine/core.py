@@ -29,11 +29,11 @@ import numpy as np
 from ..native.binding import llama_cpp
 from .batch import Batch
 from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CTX_CHECKPOINTS,
-                          CheckpointStore, PrefixReuse)
+                          CheckpointStore, PrefixReuse, write_state)
 from .drafting import AdaptiveLength, MTPHead, auto_lengths
 from .policy import DraftPolicy, StepCosts
 from .prior import CostPrior, SavedAcceptance, calibrate
-from . import shift, synthetic
+from . import rollback, shift, synthetic
 from .execute import DecodeError, Verdict, execute, feed_lags
 from .limits import check_draft_max
 from .request import DraftStats, Output, Request
@@ -131,6 +131,10 @@ class Engine:
             n_batch = min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx))) if draft else self.n_batch
             check_draft_max(draft_max, n_batch, n_ubatch=self.n_ubatch,
                             n_rs_seq=self.n_rs_seq if self.recurrent else None)
+        if draft is not None:  # chained NextN heads: a draft is at most as long as there are heads
+            n_heads = int(llama_cpp.llama_model_n_layer_nextn(llama_cpp.llama_get_model(draft.ctx)))
+            if n_heads > 1:
+                self.draft_max = min(self.draft_max, n_heads)
         if synth_rates and not drafting:
             raise ValueError("synthetic acceptance requires drafting")
         self.synth_probs = synthetic.conditional(synth_rates)  # empty: verification by match
@@ -407,7 +411,7 @@ class Engine:
         the request's ``max_tokens`` or the slot's context leave fewer (0: a plain decode step)."""
         slot = v.segment.slot
         r = slot.request
-        if not r.draft or self.draft_max == 0:
+        if not r.draft or self.draft_max == 0 or v.replay:  # a replay step drafts nothing (rollback.py)
             return 0
         n = self.draft_max
         remaining = r.remaining
@@ -441,14 +445,24 @@ class Engine:
         for back in seg.backs:
             self.reuse.save(self.target.ctx, slot, tokens[: end - back], rows, seg.i0 + seg.n - 1, back)
 
+    def checkpoint_drafts(self, segments: List[Segment]) -> None:
+        """Before the target decode: the state of each slot whose draft its snapshots cannot roll
+        back (:func:`~.rollback.save`)."""
+        rollback.save(self, segments)
+
     def roll_back(self, verdicts: List[Verdict]) -> None:
-        """Remove the positions a verdict did not keep (rejected drafts) from both contexts."""
-        for v in verdicts:
-            seg = v.segment
-            if seg.kind == "decode" and v.n < seg.pos0 + seg.n:
-                if not self.seq_rm(seg.slot.seq_id, v.n):
-                    raise DecodeError(f"llama_memory_seq_rm failed from position {v.n} on sequence "
-                                      f"{seg.slot.seq_id} (a recurrent target needs n_rs_seq >= draft_max)")
+        """Remove the positions a verdict did not keep (rejected drafts) from both contexts
+        (:func:`~.rollback.roll_back`)."""
+        rollback.roll_back(self, verdicts)
+
+    def restore_target(self, seq: int, state: bytes, n: int) -> bool:
+        """Sequence ``seq`` of the target back to its first ``n`` positions with ``state`` (a
+        checkpoint's recurrent state, ``b""`` for none: ``n`` 0) and its KV cut there; whether the
+        target now holds exactly those positions."""
+        if n == 0:
+            return bool(llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.target.ctx), seq, -1, -1))
+        write_state(self.target.ctx, state, seq)
+        return self.seq_rm(seq, n, target_only=True) and self.seq_pos_max(seq) == n - 1
 
     def logits(self, ctx, i: int, *, copy: bool = True) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits_ith(ctx, i)
@@ -498,6 +512,8 @@ class Engine:
         """Another cost model (a test's, or one with its own clock) for draft_max="auto", and a
         policy that starts from it (the prior is dropped: :meth:`calibrate` measures one again)."""
         self.costs = costs
+        costs.chained = self.head is not None and self.head.chained
+        costs.checkpoint_above = self.n_rs_seq if self.recurrent else None
         self.policy = DraftPolicy(costs)
         self.prior = None
         if self.head is not None:
@@ -547,6 +563,13 @@ class Engine:
         read token by token and closed, what its reader took, where the contexts can cut back)."""
         slot.last_used = self.steps
         feed_lags(self, [slot])  # a request cancelled between steps: its slot's last plain steps
+        if slot.replay:  # tokens the target gave back (a restored checkpoint) are not held
+            held = slot.n - slot.replay
+            slot.replay = 0
+            if self.seq_rm_draft(slot.seq_id, held):
+                slot.keep(held, slot.row(held - 1))
+            else:
+                self.clear_sequence(slot)
         r = slot.request
         if r is not None and r.throttle and reason == "cancelled":
             keep = len(r.prompt) + r.n_consumed - r.shifted

@@ -12,7 +12,14 @@ slots) over the binding's low-level calls:
 * :meth:`MTPHead.propose`: each drafting slot drafts from ``(last, pending)``; one draft decode per
   depth carries one token of every slot still drafting (the head's argmax, stopped below
   ``p_min``), and the drafted positions are removed afterwards: the next catch-up fills them with
-  the target's rows.
+  the target's rows;
+* a model with several NextN blocks (mimo2's three, step35's chained heads) has a trained head per
+  draft depth, and llama.cpp's draft-mtp *chains* them (``chain_heads``): draft step ``k`` runs
+  head ``k`` (``llama_set_nextn_layer_offset``, :meth:`MTPHead.select`), a draft is at most as
+  long as there are heads, and head 0 runs every decode that is not a draft. Each head attends
+  over its own layer's KV: the catch-up runs once per head, and draft step ``k`` decodes the whole
+  chain so far (``last`` and the drafts before it, each with the row it pairs with) under head
+  ``k``, after the draft positions are cleared.
 
 :class:`AdaptiveLength` is ``draft_max="auto"``'s acceptance per slot, and :func:`auto_lengths`
 its choice of the next step's draft lengths (a scout of a plain slot drafted on the side, a
@@ -26,7 +33,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..native.binding import llama_cpp, llama_ext
+from ..native.shim import check_error, ffi, lib
 from .batch import Batch
+from .buffers import context_address
 from .limits import AUTO_DRAFT_MAX
 from .policy import acceptance_length, engine_clock
 
@@ -48,7 +57,9 @@ class AdaptiveLength:
 
     It keeps, for every draft depth ``d`` (1 to :attr:`CAP`), an estimate of how often a
     draft's ``d``-th token is accepted once the ones before it were: a moving average of the
-    verdicts (weight :attr:`RATE`). Every step each estimate drifts up by :attr:`RETRY`, so a
+    verdicts (weight :attr:`RATE`). With chained NextN heads (mimo2, step35) depth ``d`` is
+    drafted by head ``d - 1`` (:class:`MTPHead`), so each estimate is one head's, and the engine's
+    ``draft_max`` (the cap the policy chooses within) is the number of heads. Every step each estimate drifts up by :attr:`RETRY`, so a
     depth given up is tried again now and then. The engine's :class:`~.policy.DraftPolicy`
     weighs these against the measured costs; :attr:`n` is the length acceptance alone would take
     (the leading depths whose estimate is at least :attr:`KEEP`, none when the first is below it).
@@ -173,14 +184,16 @@ class AdaptiveLength:
 def _splitter(engine, going, fixed):
     """The next step's target graphs (their tokens) as a function of the tokens each of ``going``
     decodes, ``fixed`` (the prompt chunks that go on, ``(seq_id, tokens)``) included
-    (:meth:`~.core.Engine.target_split`), for :meth:`~.policy.DraftPolicy.choose`."""
+    (:meth:`~.core.Engine.target_split`), for :meth:`~.policy.DraftPolicy.choose`; a slot's
+    replay (:mod:`.rollback`) goes with its tokens."""
     seqs = [v.segment.slot.seq_id for v in going]
+    replays = [v.replay for v in going]
     seen: Dict[Tuple[int, ...], List[int]] = {}
 
     def split(counts: List[int]) -> List[int]:
         key = tuple(counts)
         if key not in seen:
-            seen[key] = engine.target_split(sorted(fixed + list(zip(seqs, counts))))
+            seen[key] = engine.target_split(sorted(fixed + [(q, c + r) for q, c, r in zip(seqs, counts, replays)]))
         return seen[key]
 
     return split
@@ -243,6 +256,9 @@ class MTPHead:
             raise ValueError("the draft model's hidden width differs from the target's")
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(tmodel)))
         self.p_min = float(p_min)
+        #: the NextN heads; more than one: chained (draft step k runs head k, llama.cpp's chain_heads)
+        self.n_heads = max(1, int(llama_cpp.llama_model_n_layer_nextn(dmodel)))
+        self.chained = self.n_heads > 1
         self.capacity = int(llama_cpp.llama_n_batch(dctx))
         self.batch = Batch(self.capacity, self.n_embd)
         self.zero = np.zeros(self.n_embd, dtype=np.float32)
@@ -291,46 +307,83 @@ class MTPHead:
         b = self.batch
         b.clear()
         carried: List[List[Tuple[int, int]]] = []
-        now: List[Tuple[int, int]] = []
+        now: List[Tuple[int, int, int]] = []  # (seq_id, tokens, first position) in the batch
         for seq_id, toks, pos0, paired in entries:
             i = 0
             while i < len(toks):
                 if not b.room:
-                    self._decode(b, phase)
-                    carried.append(now)
+                    self._decode_heads(b, now, phase)
+                    carried.append([(q, n) for q, n, _ in now])
                     b.clear()
                     now = []
                 take = min(b.room, len(toks) - i)
                 b.add(toks[i : i + take], pos0 + i, seq_id, False, paired[i : i + take])
-                now.append((seq_id, take))
+                now.append((seq_id, take, pos0 + i))
                 i += take
         if b.n:
-            self._decode(b, phase)
-            carried.append(now)
+            self._decode_heads(b, now, phase)
+            carried.append([(q, n) for q, n, _ in now])
         return carried
+
+    def _decode_heads(self, b: Batch, parts: Sequence[Tuple[int, int, int]], phase: str) -> None:
+        """A catch-up batch (``parts``: ``(seq_id, tokens, first position)``) decoded under each head
+        in turn, its positions cleared before each (chained heads: every head's layer holds the
+        KV of every position, as llama.cpp's draft-mtp fills it); one decode with a single head."""
+        if not self.chained:
+            self._decode(b, phase)
+            return
+        mem = llama_cpp.llama_get_memory(self.draft.ctx)
+        try:
+            for head in range(self.n_heads):
+                for seq_id, _n, p0 in parts:
+                    llama_cpp.llama_memory_seq_rm(mem, seq_id, p0, -1)
+                self.select(head)
+                self._decode(b, phase)
+        finally:
+            self.select(0)
+
+    def select(self, head: int) -> None:
+        """The NextN head the draft context's next decodes run (``llama_set_nextn_layer_offset``
+        through the shim, which refuses a head the model does not have)."""
+        ctx = ffi.cast("struct llama_context *", context_address(self.draft))
+        check_error(lib.lmws_set_nextn_layer_offset(ctx, head))
 
     def propose(self, starts: Sequence[Tuple[int, int, int, Optional[np.ndarray], int]],
                 on_depth=None) -> Dict[int, List[int]]:
         """Drafts for several slots: ``starts`` are ``(seq_id, last, pos, pending, n_max)``; one
-        draft decode per depth carries every slot still drafting. Returns seq_id -> drafts.
-        ``on_depth(m, seconds)``: told each draft decode's slots and time (its logits read)."""
+        draft decode per depth carries every slot still drafting (chained heads: depth ``k`` under
+        head ``k``, each slot's whole chain so far, ``n_max`` at most the heads). Returns seq_id ->
+        drafts. ``on_depth(n, seconds)``: told each draft decode's tokens (one per slot drafting,
+        a chain's prefix each with chained heads) and time (its logits read)."""
         out: Dict[int, List[int]] = {s[0]: [] for s in starts}
-        live = [(seq_id, last, pos, self.zero if pending is None else pending, n_max)
+        # per slot: seq_id, pos, n_max, the chain's tokens (last, drafts) and the rows they pair with
+        live = [(seq_id, pos, min(n_max, self.n_heads) if self.chained else n_max, [last],
+                 [self.zero if pending is None else pending])
                 for seq_id, last, pos, pending, n_max in starts if n_max > 0]
         dctx, depth = self.draft.ctx, 0
+        mem = llama_cpp.llama_get_memory(dctx)
         b = self.batch
         try:
             while live:
                 b.clear()
-                for seq_id, tok, pos, row, _ in live:
-                    b.add([tok], pos + depth, seq_id, True, row[None, :])
+                last_index = []
+                for seq_id, pos, _n, toks, rows in live:
+                    if self.chained:  # head `depth` rebuilds its own layer's KV over the draft positions
+                        llama_cpp.llama_memory_seq_rm(mem, seq_id, pos, -1)
+                        i0 = b.add(toks, pos, seq_id, "last", np.stack(rows))
+                        last_index.append(i0 + len(toks) - 1)
+                    else:
+                        last_index.append(b.add(toks[-1:], pos + depth, seq_id, True, rows[-1][None, :]))
+                if self.chained:
+                    self.select(depth)
                 t0 = self.clock()
                 self._decode(b, "drafting")
                 nxt = []
-                for i, (seq_id, _tok, pos, _row, n_max) in enumerate(live):
+                for j, (seq_id, pos, n_max, toks, rows) in enumerate(live):
+                    i = last_index[j]
                     logits = self._logits(dctx, i)
-                    if i == 0 and on_depth is not None:  # the logits read waited for the decode
-                        on_depth(len(live), self.clock() - t0)
+                    if j == 0 and on_depth is not None:  # the logits read waited for the decode
+                        on_depth(b.n, self.clock() - t0)
                     tok = int(np.argmax(logits))
                     if self.p_min > 0.0 and top_probability(logits) < self.p_min:
                         continue
@@ -340,12 +393,14 @@ class MTPHead:
                     ptr = llama_ext.llama_get_embeddings_nextn_ith(dctx, i)
                     if not ptr:
                         raise RuntimeError("the draft context returned no NextN row while drafting")
-                    nxt.append((seq_id, tok, pos, np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy(), n_max))
+                    row = np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy()
+                    nxt.append((seq_id, pos, n_max, toks + [tok], rows + [row]))
                 live = nxt
                 depth += 1
         finally:
+            if self.chained:
+                self.select(0)  # head 0 for the decodes that are not drafts
             # the drafted positions go: the next catch-up fills them with the target's rows
-            mem = llama_cpp.llama_get_memory(dctx)
             for seq_id, _last, pos, _pending, n_max in starts:
                 if n_max > 0:
                     llama_cpp.llama_memory_seq_rm(mem, seq_id, pos, -1)

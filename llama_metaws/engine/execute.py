@@ -4,7 +4,9 @@
 :mod:`.update`). It runs every llama.cpp call of the step and changes no slot or request (but
 ``draft_max="auto"``'s acceptance estimates, which choosing the next drafts needs):
 
-1. one target decode of the step's batch (every slot's segment, in sequence order);
+1. one target decode of the step's batch (every slot's segment, in sequence order), after a
+   speculative checkpoint of each slot whose draft the target's snapshots cannot roll back
+   (:mod:`.rollback`);
 2. the checkpoints a prompt chunk ends at (the recurrent state, read before the next decode);
 3. one draft decode that catches the MTP context up with that batch, for all slots at once,
    but a plain one-token decode's: that token waits in the slot's lag (:attr:`Slot.lag`), fed
@@ -14,8 +16,9 @@
    its draft (a draft token is kept while it equals what the target samples at its position,
    so greedy output equals no drafting and sampled output keeps the target's distribution; with
    synthetic acceptance, :mod:`.synthetic`, at random), and the rejected positions are removed
-   from both contexts;
-5. the drafts of every slot that goes on, together, one draft decode per depth (with
+   from both contexts (or the checkpoint restored, the tokens kept replayed next step);
+5. the drafts of every slot that goes on, together, one draft decode per depth (chained NextN
+   heads: depth k under head k, :class:`~.drafting.MTPHead`; with
    ``draft_max="auto"``, a scout of a plain slot is a shadow draft: proposed with the others,
    then kept on the slot's acceptance to be judged against the tokens the target samples next,
    :meth:`~.drafting.AdaptiveLength.judge`; the step stays plain).
@@ -56,6 +59,7 @@ class Verdict:
     last: Optional[int] = None                # the token at position n, not yet decoded
     pending: Optional[np.ndarray] = None      # the target's row of position n - 1
     finish: Optional[str] = None
+    replay: int = 0                           # positions before n the target gave back (rollback.py)
     drafted: int = 0                          # the verified draft: its length ...
     accepted: int = 0                         # ... and the tokens of it kept
     verdict_known: bool = False               # every draft token was judged
@@ -76,13 +80,14 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
             seg.i0 = b.add(seg.tokens, seg.pos0, seg.slot.seq_id, seg.outputs)
         phase = "prompt processing" if any(s.kind == "prompt" for s in plan.segments) else "decoding"
         costs, clock = engine.costs, engine.costs.clock
+        engine.checkpoint_drafts(plan.segments)  # a draft the target cannot roll back (rollback.py)
         t0 = clock()
         engine.decode_target(b, phase)
         llama_cpp.llama_synchronize(engine.target.ctx)
         # every token an output row, as in the steps the policy weighs, in one graph (a step of
         # several is weighed as their sum: policy.StepCosts.step)
         plan.graphs = engine.graphs(plan.segments)
-        if phase == "decoding" and plan.graphs == 1:
+        if phase == "decoding" and plan.graphs == 1 and b.n_outputs == b.n:
             costs.target.add(b.n, clock() - t0)
 
         rows = head.target_rows(b.n) if head is not None else None
@@ -98,8 +103,9 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
                 else:
                     now.append(s)
             if now:
-                _catch_up(engine, head.entries([(s.slot.seq_id, s.i0, s.n, s.slot.pending, s.slot.take_lag())
-                                                for s in now], b.token, b.pos, rows), phase)
+                # a replay is held there already (rollback.py): from last on
+                _catch_up(engine, head.entries([(s.slot.seq_id, s.i0 + s.replay, s.n - s.replay, s.slot.pending,
+                                                 s.slot.take_lag()) for s in now], b.token, b.pos, rows), phase)
 
         tctx = engine.target.ctx
         for v in verdicts:
@@ -107,7 +113,7 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
             if seg.kind == "prompt":
                 _prompt(engine, v, tctx, rows)
             else:
-                _verify(engine, v, tctx, rows, drafts=seg.tokens[1:], first=seg.i0)
+                _verify(engine, v, tctx, rows, drafts=seg.tokens[1 + seg.replay:], first=seg.i0 + seg.replay)
         engine.roll_back(verdicts)
     for slot in plan.draft_only:  # a prompt held already: the step drafts from its last token
         v = Verdict(Segment(slot, "draft", [], slot.n, False), n=slot.n, last=slot.last, pending=slot.pending)
@@ -126,8 +132,8 @@ def execute(engine, plan: StepPlan) -> List[Verdict]:
             id(v) in drafting or v.finish is not None or len(v.segment.slot.lag) >= LAG_MAX)])
     if engine.draft_max:
         if starts and head is not None:
-            def on_depth(m, seconds):
-                costs.draft.add(m, seconds)
+            def on_depth(n, seconds):
+                costs.draft.add(n, seconds)
                 engine.graphs_draft += 1
 
             proposed = head.propose([(v.segment.slot.seq_id, v.last, v.n, v.pending, n) for v, n in starts],
@@ -166,8 +172,9 @@ def _catch_up(engine, entries, phase: str) -> None:
     carried = engine.head.feed(entries, phase)
     llama_cpp.llama_synchronize(engine.draft.ctx)
     engine.costs.catch_up.add(sum(len(e[1]) for e in entries), clock() - t0)
-    engine.graphs_draft += sum(engine.graphs_of_draft([SimpleNamespace(n=n, slot=SimpleNamespace(seq_id=q))
-                                                       for q, n in c]) for c in carried)
+    passes = engine.head.n_heads if engine.head.chained else 1  # chained heads: each decodes the batch
+    engine.graphs_draft += passes * sum(engine.graphs_of_draft([SimpleNamespace(n=n, slot=SimpleNamespace(seq_id=q))
+                                                                for q, n in c]) for c in carried)
 
 
 def _stopped(engine, r, token: int) -> bool:
@@ -207,7 +214,7 @@ def _verify(engine, v: Verdict, tctx, rows, *, drafts: List[int], first: int) ->
     before it. ``v.n`` is the position of the row ``first`` (the token decoded there)."""
     seg = v.segment
     slot, r = seg.slot, seg.slot.request
-    n0 = seg.pos0 if seg.kind == "decode" else v.n
+    n0 = seg.pos0 + seg.replay if seg.kind == "decode" else v.n
     k = len(drafts)
     toks: List[int] = []
     keep_rows = r.logits_rows

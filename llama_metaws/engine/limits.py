@@ -69,15 +69,16 @@ __all__ = ["AUTO_DRAFT_MAX", "OutputLimit", "OutputLimits", "output_limits", "ch
 def check_draft_max(draft_max, n_batch: int, *, n_rs_seq=None, n_ubatch: int = 0, fit: str = "n_batch") -> None:
     """Raise ValueError unless a draft of ``draft_max`` tokens can be verified: an integer >= 1
     whose verification batch (``draft_max + 1`` tokens) fits ``n_batch`` (the least of the sizes
-    named by ``fit``); a target with recurrent state (``n_rs_seq``, else None) keeps a state per
-    draft position and verifies in one ubatch (``n_ubatch``)."""
+    named by ``fit``). A target with recurrent state (``n_rs_seq``, else None) rolls a draft its
+    snapshots reach (``n_rs_seq`` tokens) back through them, and must then verify it in one ubatch
+    (``n_ubatch``); a longer draft is verified with a speculative checkpoint (llama.cpp's, where an
+    arch has no snapshots and ``n_rs_seq`` is clamped to 0: engine.rollback)."""
     if isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1:
         raise ValueError(f"draft_max must be an integer >= 1, got {draft_max!r}")
     if draft_max + 1 > n_batch:
         raise ValueError(f"draft_max={draft_max}: a verification batch of {draft_max + 1} tokens must fit {fit}")
-    if n_rs_seq is not None and n_rs_seq < draft_max:
-        raise ValueError(f"the target has recurrent state: its context needs n_rs_seq >= draft_max "
-                         f"({draft_max}), it has {n_rs_seq}")
-    if n_rs_seq is not None and draft_max + 1 > n_ubatch:
-        raise ValueError(f"draft_max={draft_max}: the verification batch must fit one target ubatch "
+    reach = min(n_rs_seq or 0, draft_max)
+    if reach and reach + 1 > n_ubatch:
+        raise ValueError(f"draft_max={draft_max}: a verification batch of {reach + 1} tokens that the target's "
+                         f"rollback snapshots undo (n_rs_seq {n_rs_seq}) must fit one target ubatch "
                          f"(n_ubatch {n_ubatch})")

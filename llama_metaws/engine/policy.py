@@ -11,9 +11,14 @@ shared: drafting for one slot makes every slot's step longer.
   verdicts, :class:`~.drafting.AdaptiveLength`). A draft of ``k`` tokens yields
   ``1 + p_1 + p_1 p_2 + ... + p_1 ... p_k`` tokens on average.
 - **What a step costs**: :class:`StepCosts` holds the time of a target decode of ``n`` tokens,
-  of the draft context's catch-up over those ``n`` tokens, and of one draft decode over ``m``
-  slots (moving averages per size, interpolated between the sizes seen, extrapolated linearly
-  beyond them). They start from a prior the engine measures at load (:mod:`.prior`: batches of
+  of the draft context's catch-up over those ``n`` tokens, and of one draft decode of ``n``
+  tokens (one per slot drafting; with chained NextN heads depth ``d`` decodes each slot's chain so
+  far, ``d + 1`` tokens, under head ``d``) (moving averages per size, interpolated between the
+  sizes seen, extrapolated linearly beyond them). On a recurrent target whose snapshots do not
+  reach a draft (qwen3next: none), a draft is verified with a speculative checkpoint
+  (:mod:`.rollback`): the state saved before the step, and on a partial accept put back and the
+  tokens kept replayed in the next step; :meth:`StepCosts.rollback` weighs what that costs, at
+  each draft length's chance of a partial accept (the save and restore timed as the engine runs). They start from a prior the engine measures at load (:mod:`.prior`: batches of
   1 to ``cap + 1`` tokens, or a curve saved by an earlier run), and the engine goes on measuring
   as it runs. The target's are timed on steps without prompt tokens only, where every token is
   an output row: a prompt of 7 tokens has one, and computes a seventh of the output head a
@@ -148,7 +153,14 @@ class StepCosts:
         self.clock = clock
         self.target = _Curve()    # target decode of n tokens, each an output row
         self.catch_up = _Curve()  # the draft context's catch-up over n tokens
-        self.draft = _Curve()     # one draft decode over m slots
+        self.draft = _Curve()     # one draft decode of n tokens
+        self.save = _Curve()      # speculative checkpoints of m slots' states, before a verification
+        self.restore = _Curve()   # m of them put back after partial accepts
+        #: chained NextN heads: draft depth d decodes d + 1 tokens a slot
+        self.chained = False
+        #: a draft longer than this is verified with a speculative checkpoint (the target's
+        #: n_rs_seq; None: never, a target without recurrent state)
+        self.checkpoint_above: Optional[int] = None
 
     @property
     def known(self) -> bool:
@@ -163,7 +175,27 @@ class StepCosts:
         ``least``: with the least each target graph can cost (:meth:`_Curve.floor`) in place of
         its estimate."""
         target = sum(self.target.floor(n) if least else self.target(n) for n in sizes)
-        return target + self.catch_up(sum(sizes)) + sum(self.draft(m) for m in depths if m)
+        drafts = sum(self.draft(m * (d + 1) if self.chained else m) for d, m in enumerate(depths) if m)
+        return target + self.catch_up(sum(sizes)) + drafts
+
+    def rollback(self, ks: Sequence[int], yields: Sequence[Sequence[float]]) -> float:
+        """The expected seconds the speculative checkpoints of a step with draft lengths ``ks``
+        cost (:mod:`.rollback`; ``yields[s][x]``: slot ``s``'s expected tokens with a draft of
+        ``x``): a save for each draft longer than :attr:`checkpoint_above`, and where ``a`` tokens
+        of one are kept (``a`` short of its length: a partial accept), a restore and the replay of
+        ``a + 1`` tokens in the next step (what they add to its one-token decode)."""
+        if self.checkpoint_above is None:
+            return 0.0
+        saved = [s for s, k in enumerate(ks) if k > self.checkpoint_above]
+        if not saved:
+            return 0.0
+        total, one = self.save(len(saved)), self.target(1)
+        for s in saved:
+            y, k = yields[s], ks[s]
+            kept = [1.0] + [y[a] - y[a - 1] for a in range(1, k + 1)]  # the first a tokens kept
+            for a in range(k):
+                total += (kept[a] - kept[a + 1]) * (self.restore(1) + self.target(a + 2) - one)
+        return total
 
 
 class _Given:
@@ -184,12 +216,16 @@ class _Given:
 
 
 class FixedCosts(StepCosts):
-    """Costs given as functions (tests): ``target(n)``, ``catch_up(n)``, ``draft(m)`` seconds."""
+    """Costs given as functions (tests): ``target(n)``, ``catch_up(n)``, ``draft(n)`` seconds (a
+    draft decode of ``n`` tokens: one per slot, each slot's chain with chained heads), ``save(m)``
+    and ``restore(m)`` (speculative checkpoints of ``m`` slots)."""
 
     def __init__(self, target: Callable[[int], float], catch_up: Callable[[int], float] = lambda n: 0.0,
-                 draft: Callable[[int], float] = lambda m: 0.0) -> None:
+                 draft: Callable[[int], float] = lambda m: 0.0, save: Callable[[int], float] = lambda m: 0.0,
+                 restore: Callable[[int], float] = lambda m: 0.0) -> None:
         super().__init__()
         self.target, self.catch_up, self.draft = _Given(target), _Given(catch_up), _Given(draft)  # type: ignore[assignment]
+        self.save, self.restore = _Given(save), _Given(restore)  # type: ignore[assignment]
 
     measured = False
 
@@ -305,7 +341,7 @@ class DraftPolicy:
         its target batch can cost); a step with drafts is weighed at its seconds times
         :attr:`MARGIN`."""
         depths = [sum(1 for x in ks if x > d) for d in range(max(ks, default=0))]
-        seconds = self.costs.step(self._sizes(ks, base_tokens), depths, least)
+        seconds = self.costs.step(self._sizes(ks, base_tokens), depths, least) + self.costs.rollback(ks, yields)
         if depths:
             seconds *= self.MARGIN
         tokens = sum(y[x] for y, x in zip(yields, ks))

@@ -36,12 +36,14 @@ class DraftStats:
     ``lengths``: the draft length each decode step asked for -> how many steps (0: a plain
     decode step; with ``draft_max="auto"`` the policy's choice); ``shadows``: the shadow drafts
     (``draft_max="auto"``'s scouts drafted on the side of a plain step, not verified: not in
-    ``drafted``)."""
+    ``drafted``); ``restored``: the verifications whose rejected tokens a speculative checkpoint
+    took back (a recurrent target without snapshots that reach: engine.rollback)."""
 
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
     shadows: int = 0
+    restored: int = 0
     lengths: Dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
@@ -60,6 +62,7 @@ class DraftStats:
         self.accepted += other.accepted
         self.steps += other.steps
         self.shadows += other.shadows
+        self.restored += other.restored
         for k, v in other.lengths.items():
             self.lengths[k] = self.lengths.get(k, 0) + v
 

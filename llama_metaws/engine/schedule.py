@@ -7,7 +7,8 @@ requests on idle slots (the slot whose held tokens share the longest prefix with
 the prompt is reused from), and gives every busy slot its segment of the batch, as llama-server's
 ``update_slots`` builds its one batch per iteration:
 
-- a generating slot: ``[last, drafts...]``, every row sampled;
+- a generating slot: ``[last, drafts...]``, every row sampled (after a restored speculative
+  checkpoint, :mod:`.rollback`: ``[replayed..., last]``, the last row sampled);
 - a slot in its prompt: the next chunk, no output rows but the prompt's last (sampled at once
   without drafting; with drafting the last token is held back and decoded with the first draft),
   every row with ``prompt_rows`` (echo with logprobs), chunks ending where a checkpoint is taken.
@@ -36,10 +37,12 @@ class Segment:
     kind: str                 # "prompt" | "decode"
     tokens: List[int]
     pos0: int
-    outputs: object           # False | True | "last"
+    outputs: object           # False | True | "last" | a flag per token
     ends_prompt: bool = False
     backs: List[int] = dataclasses.field(default_factory=list)  # checkpoints to take after it
     i0: int = 0               # its first index in the batch (set by execute)
+    replay: int = 0           # decode: tokens decoded again before last (a restored checkpoint's)
+    checkpoint: Optional[bytes] = None  # decode: the state before it, where a rejection restores it
 
     @property
     def n(self) -> int:
@@ -47,6 +50,8 @@ class Segment:
 
     @property
     def n_outputs(self) -> int:
+        if isinstance(self.outputs, list):
+            return sum(self.outputs)
         return self.n if self.outputs is True else (1 if self.outputs == "last" else 0)
 
 
@@ -112,9 +117,15 @@ def schedule(engine) -> StepPlan:
     for slot in engine.slots:
         if slot.state is SlotState.GENERATING and not slot.needs_draft and not slot.request.held_back:
             toks = [slot.last] + list(slot.drafts)
-            segments.append(Segment(slot, "decode", toks, slot.n, True))
-            n_batch -= len(toks)
-            n_out -= len(toks)
+            pos0, outputs = slot.n, True
+            if slot.replay:
+                pos0 = slot.n - slot.replay
+                outputs = [False] * slot.replay + [True] * len(toks)
+                toks = [int(t) for t in slot.tokens[pos0 : slot.n]] + toks
+            seg = Segment(slot, "decode", toks, pos0, outputs, replay=slot.replay)
+            segments.append(seg)
+            n_batch -= seg.n
+            n_out -= seg.n_outputs
     for slot in engine.slots:
         if slot.state is not SlotState.PROMPT or n_batch <= 0:
             continue

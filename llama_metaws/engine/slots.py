@@ -10,7 +10,8 @@ state machine:
 - ``PROMPT``: the prompt is evaluated chunk by chunk from ``cursor`` (without drafting its last
   token is evaluated with an output row and sampled; with drafting it is held back as ``last``,
   as llama.cpp's draft-mtp does);
-- ``GENERATING``: each step decodes ``[last, drafts...]`` and samples every row of it.
+- ``GENERATING``: each step decodes ``[last, drafts...]`` and samples every row of it (after a
+  restored speculative checkpoint, :mod:`.rollback`, behind the tokens it replays).
 
 The draft context holds the same positions as the target (``n``), fed with the target's hidden
 rows; ``pending`` is the target's row of position ``n - 1``, which the next token fed to the draft
@@ -60,6 +61,8 @@ class Slot:
         self.prompt_end = 0              # PROMPT: evaluate up to here (len(prompt) or one less)
         self.stops: Dict[int, List[int]] = {}  # PROMPT: chunk ends -> checkpoints to take there
         self.tail: Optional[int] = None  # PROMPT: the tail checkpoint's position, read back at the end
+        self.replay = 0                  # the last positions of n the target gave back (a restored
+        #                                  speculative checkpoint): decoded again before last
         self.last: Optional[int] = None  # GENERATING: the token at position n, not yet decoded
         self.drafts: List[int] = []      # GENERATING: proposed for positions n + 1 ..
         self.asked = 0                   # GENERATING: the draft length asked for them
@@ -121,6 +124,7 @@ class Slot:
     def forget(self) -> None:
         """Nothing held (the caller removed the sequence from both contexts)."""
         self.lag = []
+        self.replay = 0
         self.keep(0, None)
         self.rows.clear()
         self.recent.clear()

@@ -41,6 +41,11 @@ def update(engine, plan: StepPlan, verdicts: List[Verdict]) -> None:
         if kept > 0:
             slot.tokens[seg.pos0 : v.n] = seg.tokens[:kept]
         slot.keep(v.n, v.pending)
+        if seg.kind == "decode":
+            slot.replay = v.replay
+            if v.replay:
+                r.stats.restored += 1
+                engine.total.restored += 1
         if v.recent:
             slot.recent = v.recent
         if seg.kind == "prompt":

@@ -1,0 +1,36 @@
+"""What the drafting tests of the families run through ``Llama``: greedy completions as token ids,
+several at once from threads, and whether the workspace is shared."""
+
+import threading
+
+#: one thread for every batch: a 2-thread barrier on a loaded 2-core machine costs more than the
+#: tiny models' decodes
+KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False)
+PROMPTS = [[1, 2, 3, 4, 5], [9], [(7 * i + 3) % 120 for i in range(70)]]  # the last past n_batch
+MAX_TOKENS = [24, 17, 20]
+
+
+def tokens(llm, prompt, n):
+    """A greedy completion's token ids."""
+    out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, logprobs=1)
+    return out["choices"][0]["logprobs"]["token_ids"]
+
+
+def concurrently(llm, prompts=PROMPTS, max_tokens=MAX_TOKENS, timeout=120):
+    """:func:`tokens` of each prompt, every one from a thread of its own, all at once."""
+    got = [None] * len(prompts)
+
+    def run(i):
+        got[i] = tokens(llm, prompts[i], max_tokens[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return got
+
+
+def shares_workspace(llm) -> bool:
+    """The draft context computes in a buffer it shares with the target."""
+    return any(e.shared and e.borrower_need > 0 for e in llm.workspace_stats())
