@@ -146,14 +146,9 @@ def run_llama_bench(a: argparse.Namespace, tool: Path, model: Path, n_prompt: in
 
 def measure(a: argparse.Namespace) -> dict:
     from llama_metaws.engine.contexts import load_model
-    from llama_metaws.native import tools_build
     from llama_metaws.testing.real_gguf import gemma3_270m
 
-    tools = tools_build.find_tools()
-    if tools is None:
-        print("building llama.cpp's tools (llama-metaws build --tools) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "llama_metaws", "build", "--tools"], check=True)
-        tools = tools_build.find_tools()
+    tools = _serve.llama_tools()
     model = gemma3_270m()
     m = load_model(str(model))
     prompt = prompt_text(m, a.prompt_tokens)
