@@ -206,9 +206,9 @@ class PrefixReuse:
     its rollback snapshots (``reach``: its ``n_rs_seq``) or a checkpoint; other targets cut their
     KV anywhere, but one with a sliding-window cache that is not full-size (``n_swa``: its window,
     0 for none or a full-size one) as llama-server does (the module's docstring; ``n_ubatch``,
-    ``n_batch``: the target's). ``checkpoint_every`` adds a checkpoint every that many positions of a long prompt
-    (0: only at each prompt's end and :data:`TAIL` tokens before it; not for a window cache, whose
-    prompts end their batches where llama-server's do).
+    ``n_batch``: the target's). ``checkpoint_every`` adds a checkpoint every that many positions
+    of a long prompt (0: only at each prompt's end and :data:`TAIL` tokens before it; not for a
+    window cache, whose prompts end their batches where llama-server's do).
     """
 
     def __init__(self, *, recurrent: bool, reach: int, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
@@ -237,8 +237,9 @@ class PrefixReuse:
     def start(self, engine, slot, prompt: Sequence[int], *, fresh: bool = False) -> int:
         """Cut the slot's sequence to the longest reusable prefix of ``prompt`` (on both contexts);
         return the positions kept. In order: the state held, when it lies inside the common
-        prefix; a cut (a recurrent target: where its snapshots restore it exactly, patch 0011);
-        the newest checkpoint inside the prefix; else nothing. The last prompt token is always
+        prefix; a cut (a recurrent target: where its snapshots restore it exactly, patch 0011;
+        a window cache: only past its window, as llama-server); the newest checkpoint inside the
+        prefix; else nothing. The last prompt token is always
         evaluated (sampled from, or drafted from and decoded with its draft). ``fresh``: keep
         nothing."""
         held = slot.held()
