@@ -20,6 +20,21 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 
+def llama_tools() -> Dict[str, Path]:
+    """llama.cpp's tools from the same patched tree (``llama-metaws build --tools``), built first
+    when the cache has none for the current inputs: ``{target: path}``."""
+    import sys
+
+    from llama_metaws.native import tools_build
+
+    tools = tools_build.find_tools()
+    if tools is None:
+        print("building llama.cpp's tools (llama-metaws build --tools) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "llama_metaws", "build", "--tools"], check=True)
+        tools = tools_build.find_tools()
+    return tools
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:

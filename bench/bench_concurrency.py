@@ -204,14 +204,9 @@ def run_cell(port: int, name: str, n: int, texts: List[str], a: argparse.Namespa
 def measure(a: argparse.Namespace, keep: Optional[Callable[[dict], None]] = None) -> dict:
     """Every cell of every round; ``keep`` gets the measurements so far after each cell (--json
     writes them: a run stopped part-way keeps its cells for --render)."""
-    from llama_metaws.native import tools_build
     from llama_metaws.testing import make_mtp_model
 
-    tools = tools_build.find_tools()
-    if tools is None or "llama-server" not in tools:
-        print("building llama.cpp's tools (llama-metaws build --tools) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "llama_metaws", "build", "--tools"], check=True)
-        tools = tools_build.find_tools()
+    tools = _serve.llama_tools()
     model = make_mtp_model(agreement=a.agreement, dtype=a.dtype)
     texts = prompts(a.prompts, a.prompt_tokens)
     logdir = Path(tempfile.mkdtemp(prefix="bench_concurrency-"))

@@ -253,14 +253,9 @@ def run_serve(model: Path, n: int, a: argparse.Namespace, logdir: Path) -> dict:
 
 
 def measure(a: argparse.Namespace) -> dict:
-    from llama_metaws.native import tools_build
     from llama_metaws.testing import make_mtp_model
 
-    tools = tools_build.find_tools()
-    if tools is None:
-        print("building llama.cpp's tools (llama-metaws build --tools) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "llama_metaws", "build", "--tools"], check=True)
-        tools = tools_build.find_tools()
+    tools = _serve.llama_tools()
     model = make_mtp_model(agreement=AGREEMENT, dtype=a.dtype)
     logdir = Path(tempfile.mkdtemp(prefix="bench_memory-"))
     print(f"model {model.name}; server logs in {logdir}", flush=True)

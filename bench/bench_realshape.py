@@ -45,6 +45,8 @@ from typing import Dict, List, Optional, Tuple
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import _serve  # noqa: E402
+
 AGREEMENTS = (0.0, 0.5, 0.8, 1.0)
 DRAFT_MAX = (1, 2, 3, 4)
 QUICK_AGREEMENTS = (0.0, 0.8)
@@ -258,14 +260,9 @@ def _med(xs: List[float]) -> float:
 
 
 def measure(a: argparse.Namespace) -> dict:
-    from llama_metaws.native import tools_build
     from llama_metaws.testing import BENCH_SHAPE, make_mtp_model
 
-    tools = tools_build.find_tools()
-    if tools is None:
-        print("building llama.cpp's tools (llama-metaws build --tools) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "llama_metaws", "build", "--tools"], check=True)
-        tools = tools_build.find_tools()
+    tools = _serve.llama_tools()
     shape = dict(BENCH_SHAPE, n_vocab=a.n_vocab, n_embd=a.n_embd, n_layer=a.n_layer, n_ff=a.n_ff)
     models = {}
     for ag in a.agreements:

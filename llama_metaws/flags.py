@@ -154,6 +154,12 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="one KV buffer for every sequence: with -np N each may use the whole context")
     p.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
                    help="a KV buffer per sequence (the default): with -np N each has a context of -c / N")
+    p.add_argument("-nr", "--no-repack", dest="no_repack", action="store_true", default=False,
+                   help="keep the weights in the file's layout: no repacked CPU buffer types (CPU_REPACK, AMX)")
+    p.add_argument("--swa-full", dest="swa_full", action="store_true", default=False,
+                   help="a full-size sliding-window KV cache (Gemma 3): more memory, and a prompt's prefix is "
+                   "kept wherever it parts from what its slot held; the default, as llama-server's, keeps a "
+                   "window's worth and keeps a prefix only at a checkpoint (docs/real-gguf.md)")
     p.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default="auto",
                    help="flash attention: on, off, or auto (default): on under -sm tensor, which needs "
                    "it, else the binding's default (off)")
@@ -286,6 +292,9 @@ def llama_kwargs(args: argparse.Namespace) -> dict:
         kw["context_shift"] = True
     if getattr(args, "kv_unified", False):
         kw["kv_unified"] = True
+    kw["swa_full"] = bool(getattr(args, "swa_full", False))  # llama-server's default, not the binding's
+    if getattr(args, "no_repack", False):
+        kw["use_extra_bufts"] = False
     for flag, key in (("cache_type_k", "type_k"), ("cache_type_v", "type_v")):
         if getattr(args, flag, None) is not None:
             kw[key] = KV_CACHE_TYPES[getattr(args, flag)]

@@ -42,7 +42,12 @@ New keyword arguments (llama.cpp's option names):
 - prompt reuse of a recurrent or hybrid target (:mod:`llama_metaws.engine.checkpoints`):
   ``ctx_checkpoints`` (count per slot), ``checkpoint_every`` (tokens) and ``ctx_checkpoints_bytes``;
 - ``chat_format="llama.cpp"`` or ``chat_template`` (text): chats on llama.cpp's chat layer (:mod:`.chat_layer`),
-  also the default for a model whose template it reads; other ``chat_format`` names are the binding's.
+  also the default for a model whose template it reads; other ``chat_format`` names are the binding's
+  (a GGUF without a template: the binding's default is llama-2, llama.cpp's chat layer and llama-server
+  fall back to chatml, docs/real-gguf.md);
+- ``use_extra_bufts=False`` (llama.cpp's ``--no-repack``): the weights stay in the file's layout, not in
+  the CPU's repacked (CPU_REPACK, AMX) buffer types; ``swa_full`` is the binding's (default on: a
+  full-size sliding-window cache; off, as llama-server's default, a prefix is kept only at a checkpoint).
 """
 
 from __future__ import annotations
@@ -180,6 +185,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         checkpoint_every: int = _ckpt.DEFAULT_CHECKPOINT_EVERY,
         ctx_checkpoints_bytes: int = _ckpt.DEFAULT_CHECKPOINT_BYTES,
         chat_template: Optional[str] = None,
+        use_extra_bufts: Optional[bool] = None,
         **kwargs,
     ):
         t_load = time.perf_counter()
@@ -221,6 +227,8 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
                              f"prompt), got {checkpoint_every!r}")
 
         model_fields = {}
+        if use_extra_bufts is not None:  # llama.cpp's --no-repack: the weights as the file has them
+            model_fields["use_extra_bufts"] = bool(use_extra_bufts)
         self._device_list = None
         self._rpc = _rpc.connect(rpc_servers)  # ValueError for a bad or unreachable server
         local = None
@@ -549,7 +557,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         out = {k: sum(p[k] for p in per) for k in ("count", "bytes", "saved", "restored", "evicted", "skipped")}
         out.update(max_count=per[0]["max_count"], max_bytes=per[0]["max_bytes"],
                    positions=sorted(x for p in per for x in p["positions"]),
-                   enabled=e.recurrent and per[0]["max_count"] > 0 and per[0]["max_bytes"] > 0,
+                   enabled=e.reuse.checkpointed and per[0]["max_count"] > 0 and per[0]["max_bytes"] > 0,
                    every=e.reuse.every)
         return out
 

@@ -238,3 +238,35 @@ def test_grammar_checks_from_many_threads_each_get_their_own_message(tiny_model)
             t.join(timeout=120)
         llm.check_grammar('root ::= "ok"')  # and a good one still parses
     assert not wrong, wrong[:5]
+
+
+def test_the_repeat_penalty_counts_the_prompt_tokens_as_llama_server_and_the_binding_do(tiny_model):
+    """llama-server accepts the prompt into the sampler before the first token (init_sampler), and
+    the binding's penalties read its input ids: a token of the prompt's last penalty_last_n is
+    penalized at the first step too. The expected token is computed from the raw logits row."""
+    import numpy as np
+
+    from llama_metaws import Llama
+    from llama_metaws.engine.request import Request
+    from llama_metaws.engine.samplers import PENALTY_LAST_N, SamplingParams
+
+    llm = Llama(str(tiny_model), n_ctx=256, n_batch=64, verbose=False)
+    try:
+        rng = np.random.default_rng(3)
+        for _ in range(40):  # a prompt that holds the raw argmax (else the test could not fail)
+            prompt = [int(t) for t in rng.integers(1, EOS_TOKEN, 20)]
+            raw = llm._engine.submit(Request(prompt, SamplingParams(temp=0.0), max_tokens=1, logits_rows=True))
+            row = [o for o in raw.outputs() if o.rows][0].rows[0]
+            if int(np.argmax(row)) in prompt:
+                break
+        else:
+            pytest.fail("no prompt of 40 holds its own greedy continuation")
+        penalty = 50.0
+        seen = set(prompt[-PENALTY_LAST_N:])
+        expected = np.array(row, dtype=np.float64)
+        for t in seen:  # llama.cpp's penalties: a positive logit divided, a negative one multiplied
+            expected[t] = expected[t] / penalty if expected[t] > 0 else expected[t] * penalty
+        got = llm._engine.complete(prompt, 1, sampling=SamplingParams(temp=0.0, repeat_penalty=penalty))
+        assert got == [int(np.argmax(expected))] and got[0] != int(np.argmax(row))
+    finally:
+        llm.close()

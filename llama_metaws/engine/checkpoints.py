@@ -15,6 +15,19 @@ snapshots reach that far back (``n_rs_seq >= 3``: ``draft_max`` 3 or more), that
 them after the prompt's last batch (the series' patch 0024, :func:`state_back`); else the prompt's
 batches end there too, which costs one more small batch.
 
+A target with a sliding-window KV cache that is not full-size (Gemma 3: ``n_swa`` > 0 and
+``swa_full`` off, llama-server's default) is treated as llama-server treats it: its prompt's
+batches end :data:`TAIL` and ``TAIL + n_ubatch`` tokens before the prompt's end, with a checkpoint
+(the window cache's cells, the same partial state) at each; a later request keeps a prefix only
+where one of them lies inside it, and evaluates the whole prompt again otherwise (llama-server's
+"forcing full prompt re-processing"; a plain cut only once the window has moved past every
+position the cache still holds). Since the batches of a prompt end at the same places fresh or
+after a restore, a prompt that parts from what its slot held in its first tokens, or the same
+prompt again, gives the tokens a fresh slot gives: llama.cpp's CPU kernels are not
+batch-invariant (the rows of a 47-token batch differ from the same rows in a 56-token one by up
+to half a logit on Gemma 3 270M), so a cut anywhere else would make the answer depend on what the
+slot held before (docs/real-gguf.md).
+
 A :class:`Checkpoint` also keeps the tokens it covers (it is valid only while the context holds
 exactly those tokens before it) and the target's hidden row of its last position (the MTP draft
 context pairs the next token with it). A :class:`CheckpointStore` holds at most ``max_count``
@@ -71,6 +84,17 @@ def write_state(ctx, state: bytes, seq_id: int = 0) -> None:
     got = int(llama_cpp.llama_state_seq_set_data_ext(ctx, buf, len(state), seq_id, PARTIAL))
     if got != len(state):
         raise RuntimeError(f"llama_state_seq_set_data_ext read {got} of {len(state)} bytes")
+
+
+def state_now(ctx, seq_id: int = 0) -> Optional[bytes]:
+    """The partial state of sequence ``seq_id`` as it stands (``llama_state_seq_get_data_ext``
+    with ``PARTIAL_ONLY``: a sliding-window cache's cells); None when it is empty."""
+    size = int(llama_cpp.llama_state_seq_get_size_ext(ctx, seq_id, PARTIAL))
+    if size == 0:
+        return None
+    buf = (ctypes.c_uint8 * size)()
+    got = int(llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, seq_id, PARTIAL))
+    return bytes(buf[:got]) if got else None
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -136,6 +160,8 @@ class CheckpointStore:
         n = len(tokens)
         extra = n * np.dtype(np.intc).itemsize + (0 if row is None else row.nbytes)
         state = state_back(ctx, back, self.seq_id)  # back 0: the state as it stands
+        if state is None and back == 0:  # a memory without rollback snapshots (a sliding-window cache)
+            state = state_now(ctx, self.seq_id)
         if state is None or len(state) + extra > self.max_bytes:
             self.skipped += 1  # never fits (or not there): keep the ones there are
             return None
@@ -180,34 +206,54 @@ class PrefixReuse:
 
     ``recurrent``: the target has recurrent state (hybrid or recurrent: qwen35), so a cut needs
     its rollback snapshots (``reach``: its ``n_rs_seq``) or a checkpoint; other targets cut their
-    KV anywhere. ``checkpoint_every`` adds a checkpoint every that many positions of a long prompt
-    (0: only at each prompt's end and :data:`TAIL` tokens before it).
+    KV anywhere, but one with a sliding-window cache that is not full-size (``n_swa``: its window,
+    0 for none or a full-size one) as llama-server does (the module's docstring; ``n_ubatch``,
+    ``n_batch``: the target's). ``checkpoint_every`` adds a checkpoint every that many positions
+    of a long prompt (0: only at each prompt's end and :data:`TAIL` tokens before it; not for a
+    window cache, whose prompts end their batches where llama-server's do).
     """
 
-    def __init__(self, *, recurrent: bool, reach: int, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY) -> None:
+    def __init__(self, *, recurrent: bool, reach: int, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+                 n_swa: int = 0, n_ubatch: int = 0, n_batch: int = 0) -> None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be an integer >= 0 (0: only at the end of each "
                              f"prompt), got {checkpoint_every!r}")
         self.recurrent = recurrent
         self.reach = reach
         self.every = checkpoint_every
+        self.n_swa = n_swa
+        self.n_ubatch = n_ubatch
+        self.n_batch = n_batch
+
+    @property
+    def checkpointed(self) -> bool:
+        """A prefix is kept through checkpoints (a recurrent target, or a window cache)."""
+        return self.recurrent or self.n_swa > 0
+
+    def _window_cut(self, engine, seq: int, limit: int) -> bool:
+        """A window cache may be cut at ``limit`` without a checkpoint: llama-server's test, the
+        oldest position it holds lies before the window of ``limit`` (never for a sequence
+        shorter than the window)."""
+        return engine.seq_pos_min(seq) < max(0, limit - self.n_swa)
 
     def start(self, engine, slot, prompt: Sequence[int], *, fresh: bool = False) -> int:
         """Cut the slot's sequence to the longest reusable prefix of ``prompt`` (on both contexts);
         return the positions kept. In order: the state held, when it lies inside the common
-        prefix; a cut (a recurrent target: where its snapshots restore it exactly, patch 0011);
-        the newest checkpoint inside the prefix; else nothing. The last prompt token is always
+        prefix; a cut (a recurrent target: where its snapshots restore it exactly, patch 0011;
+        a window cache: only past its window, as llama-server); the newest checkpoint inside the
+        prefix; else nothing. The last prompt token is always
         evaluated (sampled from, or drafted from and decoded with its draft). ``fresh``: keep
         nothing."""
         held = slot.held()
         limit = 0 if fresh else min(common_prefix(held, prompt), len(prompt) - 1)
         seq = slot.seq_id
-        if limit >= slot.n > 0:
+        window = self.n_swa > 0 and limit > 0 and not self._window_cut(engine, seq, limit)
+        if limit >= slot.n > 0 and not window:
             return slot.n  # the live state: nothing to cut
-        if limit > 0 and engine.seq_rm(seq, limit):  # both contexts; false where a snapshot cannot
+        if limit > 0 and not window and engine.seq_rm(seq, limit):  # both contexts; false where a snapshot cannot
             slot.keep(limit, slot.row(limit - 1))
             return limit
-        if self.recurrent and limit > 0:
+        if self.checkpointed and limit > 0:
             store = slot.checkpoints
             store.prune(held)
             cp = store.best(limit)
@@ -229,7 +275,11 @@ class PrefixReuse:
         there; the one :data:`TAIL` tokens before the prompt's end is read back from the last
         chunk's rollback snapshots where they reach it, else a chunk ends there too."""
         slot.stops, slot.tail = {}, None
-        if not (self.recurrent and slot.checkpoints.enabled):
+        if not (self.checkpointed and slot.checkpoints.enabled):
+            return
+        if not self.recurrent:  # a window cache: llama-server's batch ends, a checkpoint at each
+            ends = [prompt_len - min(self.n_batch, n) for n in (TAIL + self.n_ubatch, TAIL)]
+            slot.stops = {p: [0] for p in ends if n_past < p < end}
             return
         stops = {end: [0]}
         if self.every:

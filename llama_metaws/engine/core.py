@@ -149,7 +149,11 @@ class Engine:
         self.defer_catch_up = True
         self.prior: Optional[CostPrior] = None  # draft_max="auto": the costs measured before any request
         self.set_costs(StepCosts())  # what the engine's decodes cost (the prior, then measured as it runs)
-        self.reuse = PrefixReuse(recurrent=self.recurrent, reach=self.n_rs_seq, checkpoint_every=checkpoint_every)
+        # a sliding-window cache that is not full-size keeps prefixes as llama-server does (.checkpoints)
+        swa_full = bool(getattr(params, "swa_full", True)) if params is not None else True
+        self.n_swa = 0 if swa_full else int(llama_cpp.llama_model_n_swa(model))
+        self.reuse = PrefixReuse(recurrent=self.recurrent, reach=self.n_rs_seq, checkpoint_every=checkpoint_every,
+                                 n_swa=self.n_swa, n_ubatch=self.n_ubatch, n_batch=self.n_batch)
         self.slots: List[Slot] = [
             Slot(i, self.n_ctx_seq, self.n_embd, CheckpointStore(ctx_checkpoints, ctx_checkpoints_bytes, seq_id=i))
             for i in range(n_slots)]
@@ -341,6 +345,7 @@ class Engine:
         """Put ``r`` on ``slot``: its sampler, the prefix it reuses, its prompt's chunks."""
         try:
             slot.sampler = SlotSampler(self.model, self.n_vocab, r.sampling, slot.history)
+            slot.sampler.accept_prompt(r.prompt)
         except BaseException as e:  # noqa: BLE001 - a bad grammar fails this request alone
             r.fail(e)
             return False
@@ -497,6 +502,9 @@ class Engine:
         if self.draft is None:
             return True
         return bool(llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.draft.ctx), seq, p0, -1))
+
+    def seq_pos_min(self, seq: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(self.target.ctx), seq))
 
     def seq_pos_max(self, seq: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(self.target.ctx), seq))

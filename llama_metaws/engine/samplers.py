@@ -136,6 +136,7 @@ class SlotSampler:
                     logits[:] = f(ids, logits)
 
             chain.add_custom(apply)
+        self._penalties = llama_cpp.llama_sampler_chain_n(chain.sampler)  # its index in the chain
         chain.add_penalties(n_vocab=n_vocab, penalty_last_n=p.penalty_last_n, penalty_repeat=p.repeat_penalty,
                             penalty_freq=p.frequency_penalty, penalty_present=p.presence_penalty)
         if p.reasoning_budget is not None:
@@ -157,6 +158,19 @@ class SlotSampler:
             chain.add_min_p(p.min_p, 1)
             chain.add_temp(p.temp)
             chain.add_dist(p.seed)
+
+    def accept_prompt(self, prompt: Sequence[int]) -> None:
+        """The prompt's tokens into the penalties' window (its last ``penalty_last_n``), as
+        llama-server accepts them before the first token and the binding's penalties read its
+        input ids: a repeated prompt token is penalized. Not into the grammar nor the reasoning
+        budget, which start at the first generated token."""
+        p = self.params
+        if p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0:
+            return  # no penalty: nothing reads the window
+        last = len(prompt) if p.penalty_last_n < 0 else p.penalty_last_n
+        penalties = llama_cpp.llama_sampler_chain_get(self._chain.sampler, self._penalties)
+        for token in list(prompt)[max(0, len(prompt) - last):] if last else []:
+            llama_cpp.llama_sampler_accept(penalties, int(token))
 
     def sample(self, ctx, idx: int) -> int:
         """Sample the output row of batch index ``idx`` of ``ctx`` (a ``llama_context_p``) and

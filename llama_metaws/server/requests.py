@@ -392,7 +392,10 @@ def _logit_bias(model: ModelAccess, req, kind: str) -> Optional[Dict[int, float]
 
 def _defaults(model: ModelAccess, body: dict, max_key: str) -> dict:
     """The server's --temp, -n and -s where the request does not say (llama-server's: a request
-    without a seed samples with the server's)."""
+    without a seed samples with the server's), and llama-server's repeat penalty, 1.0 (none), where
+    the binding's request types would put their 1.1."""
+    if body.get("repeat_penalty") is None:
+        body = dict(body, repeat_penalty=1.0)
     if model.temperature is not None and body.get("temperature") is None:
         body = dict(body, temperature=model.temperature)
     if model.seed != -1 and body.get("seed") is None:
