@@ -175,13 +175,14 @@ def test_the_findings_set_each_ratio_beside_the_seeds():
         "settings": {"n_ctx": 16384, "n_ubatch": 512, "n_parallel": 2, "draft_max": 3, "warmup": 1, "requests": 2,
                      "prompt_tokens": 64, "n_predict": 128}, "model": {"bytes": 9 * 2**30, "seconds": 12.0}}
     found = "\n".join(report.findings(doc))
-    assert "CUDA00 130.0 MiB, CUDA01 130.0 MiB; NVML peak: nvml:0 260 MiB (the seed: 130 MiB per GPU" in found
+    assert "CUDA00 130.0 MiB, CUDA01 130.0 MiB; NVML peak: nvml:0 260 MiB (the seed: 130 MiB per GPU, docs/gpu-kit.md" in found
     assert "alias / private meta buffers: 1.011 (the seed: 1.015)" in found
     assert "layer split / tensor split (alias): 0.917 (the seed: 0.915)" in found
     assert "ours, draft-mtp (alias) / no drafting: 1.600" in found
     assert "llama-server, draft-mtp / no drafting: 1.452" in found
     assert "draft-mtp, ours (alias) / llama-server: 1.067" in found
     assert "all devices: ours (alias) 600.0 MiB, llama-server 860.0 MiB" in found
+    assert "llama-server's less ours: CUDA00 130.0 MiB, CUDA01 130.0 MiB." in found
     md = report.format_markdown(doc)
     assert "| alias (tensor) | ok | 96.0 | 75.0% | 300.0 | 300.0 | - | 9,000.0 | 0.0 | 1 |" in md
     assert "16 layers + 1 NextN" in md and "--spec-synth-len 3.25 (75% acceptance)" in md

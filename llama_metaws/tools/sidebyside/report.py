@@ -78,8 +78,8 @@ def findings(doc: dict) -> List[str]:
               for k in alias.get("peak", {}) if k.startswith("nvml:") and k in private.get("peak", {})]
         out.append("The alias against private meta buffers saves, per device, ggml compute: "
                    + (", ".join(saved) or "-") + ("; NVML peak: " + ", ".join(nv) if nv else "")
-                   + f" (the seed: {SEED_ALIAS_SAVING_MIB} MiB per GPU; upstream 27489: {UPSTREAM_27489_MIB:,} MiB "
-                   "on one RTX 4090).")
+                   + f" (the seed: {SEED_ALIAS_SAVING_MIB} MiB per GPU, docs/gpu-kit.md says how the two differ; "
+                   f"upstream 27489: {UPSTREAM_27489_MIB:,} MiB on one RTX 4090).")
     pairs = (
         ("alias (tensor)", "private-meta (tensor)", "tokens/s, alias / private meta buffers",
          _seed_ratio("alias (tensor)", "private-meta (tensor)")),
@@ -98,8 +98,12 @@ def findings(doc: dict) -> List[str]:
     server = by.get("llama-server draft-mtp (tensor)")
     if alias and server and server.get("compute") and alias.get("compute"):
         ours, theirs = sum(alias["compute"].values()), sum(server["compute"].values())
+        same = [k for k in alias["compute"] if k in server["compute"]]
+        per = "; per device, llama-server's less ours: " + ", ".join(
+            f"{k} {(server['compute'][k] - alias['compute'][k]) / MiB:,.1f} MiB" for k in same) if same else ""
         out.append(f"ggml compute held with draft-mtp, all devices: ours (alias) {ours / MiB:,.1f} MiB, "
-                   f"llama-server {theirs / MiB:,.1f} MiB (its target's and draft's, each private).")
+                   f"llama-server {theirs / MiB:,.1f} MiB (its target's and draft's last reservations, each "
+                   f"private){per}.")
     return out
 
 

@@ -69,13 +69,16 @@ def estimated_bytes(shape: Shape, n_layer: int, dtype: str = "q8_0") -> int:
 class Costs:
     """What the step's time is made of, per byte of model and per configuration.
 
-    The defaults are the first guesses for one H200 (no GPU run has measured them yet; the
-    step's JSON records what each part took, so the next kit can take measured ones):
-    ``write_bps`` make_mtp_model writing (numpy, gguf-py), ``load_bps`` a process loading the
-    file onto the devices, ``start_s`` a process starting (Python, CUDA), ``step_bps`` the
-    weight bytes one decode step reads per second, ``step_s`` a step's fixed cost."""
+    First guesses for one H200 machine, no GPU run has measured them yet (the step's JSON
+    records what the write and each row took, to set them from): ``write_s`` and ``write_bps``
+    make_mtp_model writing (a fixed part for the vocabulary's designed matrices and metadata,
+    then the file: 4.4 GiB at the real shape and 4 layers took 33 s on the 2-core CPU machine,
+    its disk at 340 MB/s), ``load_bps`` a process loading the file onto the devices,
+    ``start_s`` a process starting (Python, CUDA), ``step_bps`` the weight bytes one decode step
+    reads per second, ``step_s`` a step's fixed cost."""
 
-    write_bps: float = 1.0e9
+    write_s: float = 20.0
+    write_bps: float = 0.5e9
     load_bps: float = 1.5e9
     start_s: float = 6.0
     step_bps: float = 1.5e12
@@ -85,7 +88,7 @@ class Costs:
         """Seconds to write the model, then run ``n_configs`` configurations of ``tokens``
         generated tokens each (no drafting's rate: the slowest)."""
         per_config = self.start_s + n_bytes / self.load_bps + tokens * (n_bytes / self.step_bps + self.step_s)
-        return n_bytes / self.write_bps + n_configs * per_config
+        return self.write_s + n_bytes / self.write_bps + n_configs * per_config
 
 
 def choose_layers(shape: Shape, budget_s: float, *, n_configs: int, tokens: int, dtype: str = "q8_0",
