@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/publish_gpu_kit.py OUT_DIR [--no-write]
 
-OUT_DIR is what ``run.sh`` left in ``$OUT`` (``summary.json``, ``vram.json``): the steps and
-their seconds, the machine, the CUDA subset's results and the seed's table from
-``llama-metaws vram --nvidia``, alias against private-meta per device.
+OUT_DIR is what ``run.sh`` left in ``$OUT`` (``summary.json``, ``vram.json``, ``realshape.json``):
+the steps and their seconds, the machine, the CUDA subset's results, the seed's table from
+``llama-metaws vram --nvidia`` (alias against private-meta per device) and the real-shape step's
+table (ours and llama-server side by side; docs/gpu-kit.md says how to read it next to the seed's).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 from pathlib import Path
 
 from _doc import publish
+
+from llama_metaws.tools.sidebyside.report import format_markdown
 
 MiB = 2**20
 
@@ -64,6 +67,12 @@ def section(out: Path) -> str:
             saved = [f"{k} {_bytes(p['peak'][k] - a['peak'][k])}" for k in keys
                      if k in a["peak"] and k in p["peak"] and k != "rss"]
             lines += ["", "Alias against private-meta, peak per device saved: " + ", ".join(saved) + "."]
+    real = s.get("realshape")
+    if not isinstance(real, dict) and (out / "realshape.json").is_file():
+        real = json.loads((out / "realshape.json").read_text())
+    if isinstance(real, dict):
+        lines += ["", "### The real-shape step: ours and llama-server side by side (docs/gpu-kit.md)", "",
+                  format_markdown(real)]
     return "\n".join(lines)
 
 

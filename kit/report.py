@@ -1,8 +1,9 @@
 """The GPU run kit's report: summary.json from what run.sh left, and a short table.
 
 Standard library only: it runs even when the install step failed. It reads the kit's
-MANIFEST.json, the steps' times (steps.tsv: name, exit status, seconds), pytest's junit.xml and
-``llama-metaws vram --json``'s records, and writes ``summary.json`` into the output folder.
+MANIFEST.json, the steps' times (steps.tsv: name, exit status, seconds), pytest's junit.xml,
+``llama-metaws vram --json``'s records and the real-shape step's ``realshape.json``, and writes
+``summary.json`` into the output folder.
 """
 
 import argparse
@@ -62,6 +63,16 @@ def _vram(path):
     return rows
 
 
+def _realshape(path):
+    """The real-shape step's document (its rows, the table as text), or None when it did not run."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return None
+    try:
+        return json.load(open(path))
+    except ValueError as e:
+        return {"error": f"realshape.json is not JSON: {e}"}
+
+
 def _table(rows):
     keys = []
     for r in rows:
@@ -119,6 +130,7 @@ def main(argv=None):
         "ok": all(s["rc"] == 0 for s in steps),
         "tests": _tests(os.path.join(args.out, "junit.xml")),
         "vram": _vram(os.path.join(args.out, "vram.json")),
+        "realshape": _realshape(os.path.join(args.out, "realshape.json")),
     }
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -135,6 +147,9 @@ def main(argv=None):
         print(_table(v))
     elif isinstance(v, dict):
         print(v["error"])
+    r = summary["realshape"]
+    if r:
+        print(r.get("table") or r.get("error") or "")
     print(f"summary: {os.path.join(args.out, 'summary.json')}")
     return 0
 

@@ -4,16 +4,24 @@
 #
 #   preflight  the machine: GPUs, nvcc, cuBLAS, the driver library, cmake, a C compiler, Python.h
 #   install    the wheels in wheels/ with pip --no-index (nothing is fetched)
-#   build      llama.cpp from llama.cpp.tar.gz (patched, trimmed) for CUDA sm_90, and the shim
+#   build      llama.cpp from llama.cpp.tar.gz (patched, trimmed) for CUDA sm_90, the shim, and
+#              llama-server (and llama.cpp's other tools) in the same CMake tree
 #   devices    ggml's devices; the tensor split's devices (one GPU: listed twice) checked with
 #              one repro case, falling back to two virtual devices (GGML_CUDA_DEVICES=2)
 #   test       the CUDA subset of the suite: workspace, tensor split, repro, faults
 #   vram       llama-metaws vram --nvidia: the seed's configurations, pynvml sampling
-#   report     summary.json: each step's status and seconds, the tests, the vram table
+#   realshape  a qwen35 MTP model at Qwen3.5/3.6-27B's width and vocabulary written into --work
+#              (as many layers as the time left allows), then ours (alias, private meta buffers,
+#              no drafting, layer split) and llama-server (draft-mtp, no drafting) side by side
+#              at 75% synthetic acceptance: tokens/s, acceptance, compute bytes, NVML peaks
+#   report     summary.json: each step's status and seconds, the tests, the vram table, the
+#              real-shape table
 #
 # Each step prints its time; a failed install or build stops the steps that need it, any other
 # failed step lets the others run on. Everything lands in $OUT: run.log, summary.json,
-# vram.json, vram.png, junit.xml. Exit status 0 when every step passed.
+# vram.json, vram.png, junit.xml, realshape.json (rewritten after each of its rows: a step cut
+# by the deadline keeps the rows it finished) and sidebyside-logs/ (llama-server's logs). Exit
+# status 0 when every step passed.
 #
 #   bash run.sh [--cpu] [--steps a,b,...] [--devices LIST]
 #
@@ -29,16 +37,20 @@
 #                      step gets what is left, less what the report needs
 # and KIT_TESTS (pytest's arguments, default the CUDA subset), KIT_VRAM_ARGS (more arguments
 # for llama-metaws vram), KIT_VRAM_RESERVE_S (seconds the tests leave for vram, default 90),
-# KIT_CMAKE_ARGS (more CMake arguments), KIT_CUDA_DIRS (more folders to look for cuBLAS in).
+# KIT_REALSHAPE_ARGS (more arguments for the real-shape step: --layers N, --shape small, ...;
+# python -m llama_metaws.tools.sidebyside --help), KIT_REALSHAPE_RESERVE_S (seconds vram
+# leaves for it, default 60; it takes what the CUDA subset and vram leave), KIT_CMAKE_ARGS (more
+# CMake arguments), KIT_CUDA_DIRS (more folders to look for cuBLAS in).
 #
 # A second call with the same --work on the same machine reuses the unpacked source, the
-# finished build and what preflight found: `--steps preflight,install,build,report` in one command,
-# `--steps devices,test,vram,report` in the next, when one command's time is short.
+# finished build, what preflight found and the real-shape model: `--steps preflight,install,build,report`
+# in one command, `--steps devices,test,vram,realshape,report` in the next, when one command's time
+# is short (the real-shape step then has more time: more layers).
 set -uo pipefail
 
 KIT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BACKEND="${KIT_BACKEND:-cuda}"
-STEPS="${KIT_STEPS:-preflight,install,build,devices,test,vram,report}"
+STEPS="${KIT_STEPS:-preflight,install,build,devices,test,vram,realshape,report}"
 DEVICES="${KIT_DEVICES:-auto}"
 PY="${KIT_PYTHON:-python3}"
 WORK="${KIT_WORK:-/tmp/llama-metaws-kit}"
@@ -257,6 +269,10 @@ except TypeError:
     t.extractall(sys.argv[2])' "$KIT/llama.cpp.tar.gz" "$WORK" || return 1
     fi
     echo "CMAKE_ARGS=$CMAKE_ARGS"
+    # llama-server for the real-shape step, compiled in the library's CMake tree (ggml and llama
+    # once); when the tools fail, the library alone, so the other steps still run
+    CMAKE_ARGS="$CMAKE_ARGS" limit "$PY" -m llama_metaws build --tools && return 0
+    echo "build: the tools failed (above); the library alone: the real-shape step runs without llama-server"
     CMAKE_ARGS="$CMAKE_ARGS" limit "$PY" -m llama_metaws build
 }
 
@@ -305,10 +321,25 @@ step_vram() {
     local extra=()
     [ "$BACKEND" = cuda ] && extra+=(--nvidia)
     "$PY" -c 'import matplotlib' 2>/dev/null && extra+=(--plot "$OUTDIR/vram.png")
+    local reserve=0  # the real-shape step gets what the tests and vram leave; vram leaves it this much
+    want realshape && reserve="${KIT_REALSHAPE_RESERVE_S:-60}"
     # shellcheck disable=SC2086
-    limit "$PY" -m llama_metaws vram --json --device "$DEVICES" \
+    limit_leaving "$reserve" "$PY" -m llama_metaws vram --json --device "$DEVICES" \
         --model "$KIT/models/tiny-qwen35-mtp-agreement-0.8.gguf" "${extra[@]}" ${KIT_VRAM_ARGS:-} \
         >"$OUTDIR/vram.json"
+}
+
+step_realshape() {
+    [ "$DEVICES" = auto ] && DEVICES=$([ "$BACKEND" = cpu ] && echo CPU,CPU || echo CUDA0,CUDA0)
+    local extra=()
+    [ "$BACKEND" = cuda ] && extra+=(--nvidia)
+    # the step keeps to its own deadline (rows that would start past it are cut and reported);
+    # the outer limit is the backstop
+    local budget=$(( $(left) - 5 ))
+    [ "$budget" -lt 5 ] && budget=5
+    # shellcheck disable=SC2086
+    limit "$PY" -m llama_metaws.tools.sidebyside --work "$WORK" --out "$OUTDIR/realshape.json" \
+        --device "$DEVICES" --budget "$budget" "${extra[@]}" ${KIT_REALSHAPE_ARGS:-}
 }
 
 step_report() {
@@ -327,6 +358,7 @@ if [ -z "${FATAL:-}" ]; then
     run_step devices
     run_step test
     run_step vram
+    run_step realshape
 fi
 [ -n "${FATAL:-}" ] && echo "== stopped after a failed step:$FAILED (later steps need it)"
 run_step report

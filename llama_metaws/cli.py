@@ -25,10 +25,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
             print(f"llama-metaws: the installed package carries build {bundled.root.name}; these "
                   "inputs (CMAKE_ARGS) make another, built into the cache and used from now on",
                   file=sys.stderr)
-        b = build.build(force=args.force)
         tools = None
-        if args.tools:
-            tools = tools_build.build_tools(build.BuildInputs.collect(), force=args.force)
+        if args.tools:  # one CMake tree for both where the library is not built yet
+            lib, tools = tools_build.build_with_tools(build.BuildInputs.collect(), force=args.force)
+            b = build.Build(lib.root, build.build_shim(lib))
+        else:
+            b = build.build(force=args.force)
         print(f"llama-metaws: manifest {manifest.write_manifest(b, tools=tools)}", file=sys.stderr)
     except build.BuildError as e:
         print(f"llama-metaws build: {e}", file=sys.stderr)

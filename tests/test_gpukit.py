@@ -102,12 +102,49 @@ def test_the_source_is_patched_trimmed_and_hashed(source, manifest):
                  "ggml/src/ggml-rpc/ggml-rpc.cpp",  # every build has the RPC backend
                  "common/chat.cpp", "vendor/cpp-httplib",  # the common library: the shim's chat layer
                  "models/templates/Qwen3.5-4B.jinja",  # the chat tests' templates
-                 "tests/test-alloc.cpp"):
+                 "tests/test-alloc.cpp",
+                 # build --tools: llama-server (with mtmd and its empty web UI) and the tools
+                 "tools/server/server-context.cpp", "tools/mtmd/clip.cpp", "tools/ui/CMakeLists.txt",
+                 "tools/ui/ui.cpp.in", "scripts/ui-assets.cmake", "tools/llama-bench/llama-bench.cpp",
+                 "examples/speculative-simple/speculative-simple.cpp", "tools/batched-bench", "pocs"):
         assert (source / kept).exists(), kept
-    for dropped in ("docs", "models/ggml-vocab-llama-bpe.gguf", "tools", "examples", "gguf-py", "ggml/src/ggml-vulkan",
-                    "ggml/src/ggml-metal", "ggml/src/ggml-sycl", "tests/CMakeLists.txt"):
+    for dropped in ("docs", "models/ggml-vocab-llama-bpe.gguf", "gguf-py", "ggml/src/ggml-vulkan",
+                    "ggml/src/ggml-metal", "ggml/src/ggml-sycl", "tests/CMakeLists.txt", "tools/ui/src",
+                    "tools/ui/package.json", "tools/server/tests", "tools/mtmd/test-3.mp4", "examples/llama.android",
+                    "scripts/compare-commits.sh"):
         assert not (source / dropped).exists(), dropped
     assert manifest["source"]["unpacked_bytes"] < 24 * MiB
+
+
+def test_the_trimmed_source_configures_the_tools(source, tmp_path):
+    """What ``build --tools`` reads is in the kit's tree: CMake configures its targets from it."""
+    from llama_metaws.native import tools_build
+
+    res = subprocess.run([build._cmake(), "-S", str(source), "-B", str(tmp_path / "b"), *build._generator_args(),
+                          *build.BASE_CMAKE_ARGS, *tools_build.TOOLS_CMAKE_ARGS],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    targets = subprocess.run([build._cmake(), "--build", str(tmp_path / "b"), "--target", "help"],
+                             capture_output=True, text=True, timeout=120).stdout
+    for name in tools_build.TOOL_TARGETS:
+        assert name in targets, name
+
+
+def test_the_dry_runs_namespace_has_its_loopback_and_nothing_else():
+    prefix = gpukit.no_network_prefix()
+    if not prefix:
+        pytest.skip("unshare -rn is not allowed here: the dry run points pip's proxies at a closed port instead")
+    probe = ("import socket\n"
+             "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+             "socket.create_connection(s.getsockname(), timeout=5).close()\n"
+             "try:\n    socket.create_connection(('1.1.1.1', 80), timeout=5)\nexcept OSError as e:\n"
+             "    print('outside:', e.errno)\nelse:\n    print('outside: reached')\n")
+    res = subprocess.run([*prefix, sys.executable, "-c", gpukit.LOOPBACK_UP, sys.executable, "-c", probe],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr  # 127.0.0.1 answers (llama-server's rows need it)
+    assert "outside: reached" not in res.stdout and "outside:" in res.stdout
+    bare = subprocess.run([*prefix, sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert bare.returncode != 0 and "unreachable" in bare.stderr  # what a new namespace is without it
 
 
 def test_run_sh_is_valid_bash_with_a_usage(kit):
@@ -128,6 +165,16 @@ def test_the_cuda_build_asks_for_sm90_and_the_fewest_kernels():
     assert "pip install --no-index --find-links" in " ".join(text.split())
 
 
+def test_run_sh_builds_the_tools_and_runs_the_real_shape_step_after_the_seeds_table():
+    text = (ROOT / gpukit.TEMPLATE_DIR / "run.sh").read_text()
+    steps = re.search(r'STEPS="\$\{KIT_STEPS:-([a-z,]+)\}"', text).group(1).split(",")
+    assert steps == ["preflight", "install", "build", "devices", "test", "vram", "realshape", "report"]
+    assert "llama_metaws build --tools" in text  # llama-server from the library's tree
+    assert 'limit "$PY" -m llama_metaws.tools.sidebyside' in text and '--budget "$budget"' in text
+    # the dry run gives the step its small shape
+    assert "--shape small" in gpukit.DRY_RUN_REALSHAPE_ARGS
+
+
 def test_report_summarizes_steps_tests_and_vram(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir(), work.mkdir()
@@ -140,6 +187,8 @@ def test_report_summarizes_steps_tests_and_vram(tmp_path):
     (out / "vram.json").write_text(json.dumps([
         {"name": "alias (tensor)", "result": "ok", "tokens_per_s": 50.0, "draft_acceptance": 0.5,
          "peak": {"CUDA0": 3 * MiB, "nvml:0": 900 * MiB}}]))
+    (out / "realshape.json").write_text(json.dumps({"records": [{"name": "alias (tensor)", "result": "ok"}],
+                                                    "table": "the real-shape table"}))
     res = subprocess.run([sys.executable, str(ROOT / gpukit.TEMPLATE_DIR / "report.py"), "--kit", str(tmp_path),
                           "--work", str(work), "--out", str(out), "--backend", "cuda", "--devices", "CUDA0,CUDA0",
                           "--steps", str(work / "steps.tsv"), "--budget", "540"], capture_output=True, text=True)
@@ -152,6 +201,7 @@ def test_report_summarizes_steps_tests_and_vram(tmp_path):
                                            "message": "assert 1 == 2"}]
     assert summary["vram"][0]["peak"]["CUDA0"] == 3 * MiB
     assert "alias (tensor)" in res.stdout and "3.000" in res.stdout
+    assert summary["realshape"]["records"][0]["result"] == "ok" and "the real-shape table" in res.stdout
 
 
 def test_publish_turns_a_run_into_the_gpu_section(tmp_path):
@@ -169,6 +219,13 @@ def test_publish_turns_a_run_into_the_gpu_section(tmp_path):
         "steps": [{"name": "build", "status": "ok", "seconds": 301.5}],
         "tests": {"tests": 46, "failures": 0, "errors": 0, "skipped": 0, "seconds": 90.0, "failed": []},
         "vram": records}))
+    (out / "realshape.json").write_text(json.dumps({
+        "records": [dict(r, compute={"CUDA00": r["peak"]["CUDA0"]}) for r in records],
+        "shape": {"name": "qwen3.6-27b", "n_vocab": 248320, "n_embd": 5120, "n_ff": 17408}, "n_layer": 16,
+        "dtype": "q8_0", "devices": ["CUDA0", "CUDA0"], "synth_len": 3.25, "acceptance": 0.75, "budget_s": 200,
+        "model": {"bytes": 2**30, "seconds": 10.0}, "seconds": 150,
+        "settings": {"n_ctx": 16384, "n_ubatch": 512, "n_parallel": 2, "draft_max": 3, "warmup": 1,
+                     "requests": 2, "prompt_tokens": 64, "n_predict": 128}}))
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         import publish_gpu_kit
@@ -179,6 +236,10 @@ def test_publish_turns_a_run_into_the_gpu_section(tmp_path):
     assert "CUDA subset: 46 tests, 0 failed" in text
     assert "| alias (tensor) | ok | 81.0 | 70.0% | 3,145,728 B | 3,145,728 B | 1,003.0 MiB | 90.0 MiB |" in text
     assert "peak per device saved: CUDA0 2,097,152 B, CUDA1 2,097,152 B, nvml:0 2,097,152 B" in text
+    # the real-shape step's table, as docs/gpu-kit.md reads it
+    assert "### The real-shape step" in text and "16 layers + 1 NextN" in text
+    assert "| alias (tensor) | ok | 81.0 | 70.0% | 3.0 | 1,003.0 | 90.0 | 0 |" in text
+    assert "ggml compute: CUDA00 2.0 MiB; NVML peak: nvml:0 2 MiB (the seed: 130 MiB per GPU" in text
 
 
 # --------------------------------------------------------------------------------------------

@@ -171,7 +171,7 @@ def test_a_stale_cache_entry_is_rewritten(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("bad", [dict(dtype="q4_0"), dict(n_embd=200), dict(n_layer=3), dict(n_ff=100),
-                                 dict(agreement=1.5)])
+                                 dict(agreement=1.5), dict(n_embd=2304)])  # 2304: 18 heads, 4 KV heads
 def test_bad_arguments_are_value_errors(tmp_path: Path, bad: dict) -> None:
     kw = dict(SHAPE, agreement=0.5)
     kw.update(bad)
@@ -205,3 +205,31 @@ def test_the_constants_shared_with_the_tiny_builders_agree() -> None:
     assert (realshape._RMS_EPS, realshape._SSM_CONV, realshape._SMALL_OUT_STD) == (
         testing._RMS_EPS, testing._SSM_CONV, testing._SMALL_OUT_STD)
     assert testing.make_mtp_model is realshape.make_mtp_model
+
+
+def test_the_embedding_basis_is_orthonormal_at_every_width_and_one_qr_up_to_2048() -> None:
+    from llama_metaws.testing import realshape
+
+    # the bench widths: the QR they always had, so their files' bytes did not change
+    q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((1024, 1024)))
+    assert np.array_equal(realshape._orthonormal_rows(np.random.default_rng(0), 1024), q.T.astype(np.float32))
+    # wider: blocks of 256 in shuffled rows and columns, as orthonormal
+    wide = realshape._orthonormal_rows(np.random.default_rng(0), 3072)
+    assert wide.shape == (3072, 3072) and wide.dtype == np.float32
+    rows = np.arange(0, 3072, 7)
+    assert np.abs(wide[rows] @ wide.T - np.eye(3072, dtype=np.float32)[rows]).max() < 1e-5
+    assert ((wide != 0).sum(axis=1) == realshape._RS_BASIS_BLOCK).all()
+
+
+def test_a_wide_model_on_the_block_basis_follows_its_plan(tmp_path: Path) -> None:
+    """Wider than 2048 the basis is built from blocks: the design still holds, token for token."""
+    shape = dict(n_vocab=2048, n_embd=3072, n_layer=4, n_ff=256)
+    path = make_mtp_model(tmp_path / "wide.gguf", agreement=0.5, dtype="q8_0", seed=3, **shape)
+    prompt = [5, 17, 42]
+    _rate, drafts, targets, first = measure(path, prompt, 24)
+    plan = mtp_model_plan(0.5, n_vocab=shape["n_vocab"], n_embd=shape["n_embd"], seed=3)
+    chosen = [first] + targets[:-1]
+    assert first == int(plan["succ"][prompt[-1]])
+    assert targets == [int(plan["succ"][t]) for t in chosen]
+    assert drafts == [int(plan["draft"][t]) for t in chosen]
+    assert 0 < sum(plan["agree"][t] for t in chosen) < len(chosen)  # some agree, some do not

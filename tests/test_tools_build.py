@@ -2,6 +2,7 @@
 a key of their own (the library inputs plus the tool targets)."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 
@@ -60,14 +61,20 @@ def test_find_tools_is_none_without_a_tools_build(tmp_path, monkeypatch):
     assert {"llama-server", "llama-batched-bench"} <= set(found)
 
 
-def test_build_tools_returns_a_cached_build_at_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("LLAMA_METAWS_CACHE", str(tmp_path))
-    inputs = build.BuildInputs.collect()
+def _cached_tools(inputs):
+    """A tools entry in the cache for these inputs, as a finished build leaves it (empty files)."""
     d = tools_build.tools_dir_for(inputs)
     (d / "bin").mkdir(parents=True)
     (d / "tools.json").write_text("{}")
     for name in tools_build.TOOL_TARGETS:
         (d / "bin" / name).write_text("")
+    return d
+
+
+def test_build_tools_returns_a_cached_build_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_METAWS_CACHE", str(tmp_path))
+    inputs = build.BuildInputs.collect()
+    d = _cached_tools(inputs)
     lines = []
     found = tools_build.build_tools(inputs, lines.append)
     assert found == {name: d / "bin" / name for name in tools_build.TOOL_TARGETS}
@@ -97,3 +104,56 @@ def test_the_built_server_takes_the_flags_the_benchmarks_pass():
     res = subprocess.run([str(found["llama-batched-bench"]), "--help"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "-npl" in res.stdout
+
+
+def test_the_tools_are_built_in_the_librarys_own_tree(tmp_path, monkeypatch):
+    """build_in_tree reconfigures a library build's tree with the tools' arguments and builds only the
+    tool targets: the library's objects are not compiled again (a tiny CMake project stands in for
+    llama.cpp, whose tools build only when LLAMA_BUILD_TOOLS is on, as llama.cpp's do)."""
+    import os
+
+    src, bdir = tmp_path / "src", tmp_path / "work" / "cmake-build"
+    src.mkdir()
+    (src / "lib.c").write_text("int lib_answer(void) { return 42; }\n")
+    (src / "tool.c").write_text("int lib_answer(void);\nint main(void) { return lib_answer() == 42 ? 0 : 1; }\n")
+    (src / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(standin C)\n"
+        "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+        "set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+        "add_library(standin SHARED lib.c)\n"
+        "if (LLAMA_BUILD_TOOLS)\n  add_executable(standin-tool tool.c)\n"
+        "  target_link_libraries(standin-tool standin)\nendif()\n")
+    env = dict(os.environ)
+    cmake = build._cmake()
+    subprocess.run([cmake, "-S", str(src), "-B", str(bdir), *build._generator_args(), *build.BASE_CMAKE_ARGS],
+                   check=True, capture_output=True, env=env)
+    subprocess.run([cmake, "--build", str(bdir)], check=True, capture_output=True, env=env)
+    lib_obj = next(bdir.rglob("lib.c.o"))
+    compiled = lib_obj.stat().st_mtime_ns
+    assert not (bdir / "bin" / "standin-tool").exists()  # the library build has no tools
+
+    monkeypatch.setenv("LLAMA_METAWS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tools_build, "TOOL_TARGETS", ("standin-tool",))
+    inputs = build.BuildInputs.collect()
+    lines = []
+    found = tools_build.build_in_tree(inputs, src, bdir, env, lines.append)
+    final = tools_build.tools_dir_for(inputs)
+    assert found == {"standin-tool": final / "bin" / "standin-tool"} == tools_build.find_tools(inputs)
+    assert lib_obj.stat().st_mtime_ns == compiled  # ggml and llama's stand-in: not compiled again
+    assert subprocess.run([str(found["standin-tool"])]).returncode == 0  # runs beside its library
+    assert json.loads((final / "tools.json").read_text())["built"] == "in the library's tree"
+    assert any("in the library's tree" in line for line in lines)
+    assert not (bdir / "bin").exists()  # moved into the cache, not copied
+
+
+def test_with_the_library_and_the_tools_cached_nothing_is_built(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_METAWS_CACHE", str(tmp_path))
+    inputs = build.BuildInputs.collect()
+    lib = build.build_dir_for(inputs)
+    lib.mkdir(parents=True)
+    (lib / "build.json").write_text("{}")
+    d = _cached_tools(inputs)
+    lines = []
+    got, tools = tools_build.build_with_tools(inputs, lines.append)
+    assert got.root == lib and tools == tools_build.find_tools(inputs)
+    assert lines == [f"llama-metaws: tools {tools_build.tools_key(inputs)} are up to date ({d})"]

@@ -41,7 +41,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 SDIST_PROJECT = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
@@ -495,8 +495,16 @@ def prepare_source(inputs: BuildInputs, src: Path, patches: List[Path], step: Ca
         apply_patches(src, patches, progress)
 
 
-def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *, force: bool = False) -> Build:
-    """Run the six steps for these inputs, or return the cached build at once."""
+#: ``then(src, bdir, env)``: more work in a library build's CMake tree, after its install and
+#: before the tree is deleted (the tools of :mod:`llama_metaws.native.tools_build`).
+InTree = Callable[[Path, Path, Dict[str, str]], None]
+
+
+def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *, force: bool = False,
+                  then: Optional[InTree] = None) -> Build:
+    """Run the six steps for these inputs, or return the cached build at once (``then`` is not
+    called then). ``then`` runs in the build's CMake tree once the library is installed; what it
+    raises fails the build, which is then not kept."""
     final = build_dir_for(inputs)
     if (final / "build.json").is_file() and not force:
         progress(f"llama-metaws: build {inputs.key()} is up to date ({final})")
@@ -531,6 +539,8 @@ def build_library(inputs: BuildInputs, progress: Progress = _stderr_progress, *,
         step(6, f"libraries and headers into {final}")
         _run_streamed([_cmake(), "--install", str(bdir)], None, lambda line: None,
                       "install step: cmake --install")
+        if then is not None:
+            then(src, bdir, env)
         shutil.rmtree(bdir)  # objects only; src/ stays for the peer tests
         manifest = dict(dataclasses.asdict(inputs), key=inputs.key(),
                         seconds=round(time.monotonic() - t0, 1))

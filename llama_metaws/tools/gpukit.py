@@ -4,8 +4,9 @@
 default, well under the 64 MiB a device machine takes) holding:
 
 - ``llama.cpp.tar.gz``: the llama.cpp vendored in the pinned sdist with ``patches/series``
-  applied, trimmed to what the build of the libraries needs (the CPU, CUDA and RPC backends, no
-  tools, tests, docs, models or examples; see :data:`KEEP`), with its ``lmws-source.json``: the
+  applied, trimmed to what the build of the libraries and of ``build --tools`` needs (the CPU,
+  CUDA and RPC backends, llama-server's and the tools' sources without their tests, web UI or
+  media; no docs, models or tests; see :data:`KEEP` and :data:`DROP`), with its ``lmws-source.json``: the
   sdist hash, the patches it holds and the tree's hash. ``run.sh`` unpacks it and points
   ``LLAMA_METAWS_LLAMA_SOURCE`` at it, so the build never fetches the sdist;
 - ``wheels/``: CPython 3.12 manylinux x86_64 wheels of everything llama-metaws needs (the
@@ -18,14 +19,17 @@ default, well under the 64 MiB a device machine takes) holding:
   (:mod:`llama_metaws.testing`; the tests write their own);
 - ``run.sh`` and ``report.py`` (from ``kit/`` in the checkout) and ``MANIFEST.json``.
 
-``run.sh`` installs the wheels with ``pip --no-index``, builds for CUDA (``--cpu``: for the CPU),
-runs the CUDA subset of the suite and ``llama-metaws vram --nvidia``, and writes ``run.log``,
-``summary.json``, ``vram.json``, ``vram.png`` and ``junit.xml`` under ``$OUT``.
+``run.sh`` installs the wheels with ``pip --no-index``, builds for CUDA (``--cpu``: for the CPU)
+with llama-server in the same CMake tree, runs the CUDA subset of the suite, ``llama-metaws vram
+--nvidia`` and the real-shape step (:mod:`llama_metaws.tools.sidebyside`: ours and llama-server side
+by side on a model of Qwen3.5/3.6-27B's width and vocabulary), and writes ``run.log``,
+``summary.json``, ``vram.json``, ``vram.png``, ``realshape.json`` and ``junit.xml`` under ``$OUT``.
 
 ``llama-metaws gpu-kit --dry-run`` (``make gpu-kit-dry-run``) proves the kit self-contained:
 ``run.sh --cpu`` into a fresh virtual environment and a fresh build cache, with no network
 (``unshare -rn`` where the kernel allows it, else pip's index off and every proxy pointed at a
-closed port), with the install, build, devices, a few tests and one vram configuration.
+closed port), with the install, build, devices, a few tests, one vram configuration and the
+real-shape step at a small shape (:data:`DRY_RUN_REALSHAPE_ARGS`).
 """
 
 from __future__ import annotations
@@ -60,15 +64,26 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 #: cffi compiles the shim through it and Python 3.12 has no distutils.
 EXTRA_REQUIREMENTS = ("pytest>=7.4", "setuptools>=70")
 
-#: The llama.cpp tree the library build reads (relative to vendor/llama.cpp), all else dropped.
-#: ggml's backends other than the CPU and CUDA are dropped from ggml/src, and tests/ but
+#: The llama.cpp tree the build reads (relative to vendor/llama.cpp), all else dropped.
+#: ggml's backends other than the CPU, CUDA and RPC are dropped from ggml/src, and tests/ but
 #: test-alloc.cpp (a peer test of the suite compiles it against the patched ggml). The common
 #: library (the shim's chat layer) and the cpp-httplib it links are kept, and models/templates
-#: (the chat templates the suite's chat tests read).
+#: (the chat templates the suite's chat tests read). tools/ and examples/ hold the targets of
+#: ``llama-metaws build --tools`` (llama-server, llama-speculative-simple, llama-bench,
+#: llama-batched-bench) and the CMake files that list them (examples/ brings pocs/ in), so they
+#: stay but for :data:`DROP`; scripts/ui-assets.cmake writes llama-server's (empty) web UI table.
 KEEP = ("CMakeLists.txt", "LICENSE", "licenses", "cmake", "include", "src", "vendor", "ggml", "common",
-        "tests/test-alloc.cpp", "models/templates")
+        "tests/test-alloc.cpp", "models/templates", "tools", "examples", "pocs", "scripts/ui-assets.cmake")
 KEEP_BACKENDS = ("ggml-cpu", "ggml-cuda", "ggml-rpc")
-DROP = ()
+#: What no configure or build of those targets reads (globs relative to the tree): the web UI's
+#: sources (the build embeds none: LLAMA_BUILD_UI=OFF, no prebuilt assets), the servers' and
+#: mtmd's test suites and media, and the examples for other platforms.
+DROP = ("tools/ui/*", "tools/ui/.*", "tools/server/tests", "tools/server/bench", "tools/server/*.md",
+        "tools/mtmd/test-*", "tools/mtmd/tests", "tools/mtmd/legacy-models", "tools/*/README*.md",
+        "examples/llama.android", "examples/llama.swiftui", "examples/model-conversion",
+        "examples/llama-eval", "examples/sycl", "examples/*.py", "examples/*.sh", "examples/*.swift")
+#: In tools/ui, what its CMakeLists reads without a web UI build (the rest goes by DROP).
+KEEP_UI = ("CMakeLists.txt", "ui.cpp.in", "ui.h.in", "sources.cmake")
 
 #: The checkout's parts the kit carries (the build's source root and the tests).
 REPO_PARTS = ("llama_metaws", "native", "patches", "tests", "bench", "pyproject.toml", "README.md",
@@ -119,10 +134,12 @@ def trim(src: Path) -> List[str]:
         if p.is_dir() and p.name.startswith("ggml-") and p.name not in KEEP_BACKENDS:
             dropped.append(f"ggml/src/{p.name}")
             shutil.rmtree(p)
-    for rel in DROP:
-        if (src / rel).exists():
-            dropped.append(rel)
-            shutil.rmtree(src / rel)
+    for pattern in DROP:
+        for p in sorted(src.glob(pattern)):
+            if p.parent.name == "ui" and p.name in KEEP_UI:
+                continue
+            dropped.append(p.relative_to(src).as_posix())
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     return dropped
 
 
@@ -360,6 +377,18 @@ def _python_version(python: str) -> str:
     return _run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], "python version").strip()
 
 
+#: Run inside the dry run's network namespace before run.sh: its loopback interface up (a new
+#: namespace has it down, and the real-shape step talks to llama-server on 127.0.0.1), then exec
+#: the command given. Nothing else is brought up: no route leaves the namespace.
+LOOPBACK_UP = """import fcntl, os, socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, struct.pack("16sH14x", b"lo", 0)))[1]  # SIOCGIFFLAGS
+fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1))  # SIOCSIFFLAGS: IFF_UP
+s.close()
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+
 def no_network_prefix() -> List[str]:
     """``unshare -rn`` (a network namespace with nothing in it) where it works, else nothing."""
     exe = shutil.which("unshare")
@@ -367,6 +396,12 @@ def no_network_prefix() -> List[str]:
         return [exe, "-rn"]
     return []
 
+
+#: The dry run's real-shape step: every row, at a width and vocabulary a 2-core CPU runs in seconds.
+DRY_RUN_REALSHAPE_ARGS = "--shape small --layers 4 -n 32 --requests 1 --warmup 1 -c 1024 -ub 128"
+#: The dry run's deadline (run.sh's --budget): its build compiles llama.cpp and the tools for the CPU
+#: on 2 cores, where a GPU machine's 16 compile the CUDA build in the kit's 540 s.
+DRY_RUN_BUDGET_S = 1500
 
 #: The dry run's tests: a few of the CUDA subset's, one per concern.
 DRY_RUN_TESTS = (
@@ -400,16 +435,20 @@ def dry_run(kit: Path, python: Optional[str] = None, work: Optional[Path] = None
         out = work / "out"
         env = offline_env()
         env.update(OUT=str(out), KIT_PYTHON=str(venv / "bin" / "python"), KIT_WORK=str(work / "work"),
-                   KIT_TESTS=" ".join(DRY_RUN_TESTS), KIT_VRAM_ARGS="--config alias-tensor -n 8 --requests 1")
+                   KIT_TESTS=" ".join(DRY_RUN_TESTS), KIT_VRAM_ARGS="--config alias-tensor -n 8 --requests 1",
+                   KIT_REALSHAPE_ARGS=DRY_RUN_REALSHAPE_ARGS, KIT_BUDGET_S=str(DRY_RUN_BUDGET_S))
         for k in ("LLAMA_METAWS_CACHE", "LLAMA_METAWS_SOURCE_ROOT", "LLAMA_METAWS_LLAMA_SOURCE",
                   "LLAMA_CPP_LIB_PATH", "CMAKE_ARGS", "VIRTUAL_ENV", "PYTHONPATH"):
             env.pop(k, None)
         # the venv's own bin/ only: nothing installed beside this checkout's venv can leak in
         env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                       if p and Path(p).resolve() != Path(sys.executable).parent.resolve())
-        how = "unshare -rn (no network namespace)" if prefix else "pip's index off, proxies to a closed port"
+        how = ("unshare -rn (a network namespace with only its loopback up)" if prefix
+               else "pip's index off, proxies to a closed port")
         progress(f"dry run: bash run.sh --cpu with no network: {how}")
         t0 = time.monotonic()
+        if prefix:  # its loopback up, by the venv's interpreter
+            prefix = [*prefix, str(venv / "bin" / "python"), "-c", LOOPBACK_UP]
         res = subprocess.run([*prefix, "bash", str(kit / "run.sh"), "--cpu"], env=env, cwd=work,
                              timeout=timeout, capture_output=True, text=True)
         seconds = time.monotonic() - t0

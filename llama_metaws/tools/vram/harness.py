@@ -29,6 +29,7 @@ class Configuration:
     split_mode: str = "tensor"      # "none" | "layer" | "row" | "tensor"
     workspace_mode: str = "alias"   # "off" (no workspace) | "alias" | "private-meta" | "unsafe-shared"
     expected: str = "ok"            # "ok" | "assert"
+    draft: bool = True              # MTP drafting (False: the target alone, no workspace)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -100,16 +101,23 @@ def _run_child(req: dict, emit: _Events) -> None:
     tokens = _prompt_tokens(req["model"], req["prompt"])
     n_predict, draft_max = int(req["n_predict"]), int(req["draft_max"])
     n_ctx, n_ubatch = int(req["n_ctx"]), int(req["n_ubatch"])
+    warmup = int(req.get("warmup") or 0)  # requests run first and left out of the figures
     # by default one logical batch holds the whole request (compute buffers follow n_ubatch,
     # not n_batch)
     n_batch = req.get("n_batch") or min(n_ctx, max(n_ubatch, len(tokens) + n_predict + draft_max + 1))
-    kw = dict(draft="mtp", draft_max=draft_max, devices=list(req["devices"]), split_mode=cfg.split_mode,
-              n_seq_max=int(req["n_seq_max"]), n_ctx=n_ctx, n_batch=int(n_batch), n_ubatch=n_ubatch,
-              phase_aware_workspace=cfg.workspace_mode != "off",
-              workspace_mode=cfg.workspace_mode if cfg.workspace_mode != "off" else "alias",
+    shared = cfg.draft and cfg.workspace_mode != "off"
+    kw = dict(draft="mtp" if cfg.draft else None, draft_max=draft_max, devices=list(req["devices"]),
+              split_mode=cfg.split_mode, n_seq_max=int(req["n_seq_max"]), n_ctx=n_ctx, n_batch=int(n_batch),
+              n_ubatch=n_ubatch, phase_aware_workspace=shared,
+              workspace_mode=cfg.workspace_mode if shared else "alias",
               allow_unsafe_workspace=cfg.workspace_mode == "unsafe-shared", verbose=False)
     if req.get("threads"):
         kw["n_threads"] = kw["n_threads_batch"] = int(req["threads"])
+    if cfg.draft and req.get("synth_len") is not None:  # llama-server's --spec-synth-len
+        kw["draft_synth_len"] = float(req["synth_len"])
+    for key in ("flash_attn", "seed"):
+        if req.get(key) is not None:
+            kw[key] = req[key]
     emit("start", config=cfg.to_dict(), prompt_tokens=len(tokens), n_batch=int(n_batch))
 
     sampler = Sampler(req["interval"], nvidia=bool(req.get("nvidia")),
@@ -125,11 +133,13 @@ def _run_child(req: dict, emit: _Events) -> None:
     try:
         sampler.watch(llm)
         emit("snapshot", at="load", target=[dataclasses.asdict(b) for b in compute_buffers(llm._ctx)],
-             draft=[dataclasses.asdict(b) for b in compute_buffers(llm._draft_ctx)],
+             draft=[dataclasses.asdict(b) for b in compute_buffers(llm._draft_ctx)] if llm._draft_ctx else [],
              workspace=[dataclasses.asdict(e) for e in llm.workspace_stats()])
         sampler.end_phase()
         timings = []
-        for _ in range(int(req["requests"])):
+        for i in range(warmup + int(req["requests"])):
+            if req.get("seed") is not None:  # a seed per request: synthetic acceptance draws anew
+                llm.set_seed(int(req["seed"]) + i)
             sampler.mark("prompt")
             gen = llm.generate(tokens, temp=0.0)
             try:
@@ -141,9 +151,12 @@ def _run_child(req: dict, emit: _Events) -> None:
             finally:
                 gen.close()
             sampler.end_phase()
-            timings.append(llm.timings())
-            emit("request", timings=timings[-1])
-        acceptance = llm.draft_stats.total.acceptance if llm.draft_stats.total.drafted else None
+            t = llm.timings()
+            if i >= warmup:
+                timings.append(t)
+            emit("request", timings=t, warmup=i < warmup)
+        drafted = sum(t.get("draft_n") or 0 for t in timings)
+        acceptance = sum(t.get("draft_n_accepted") or 0 for t in timings) / drafted if drafted else None
     finally:
         llm.close()  # unwatches first: the compute figures drop to 0
     try:
@@ -204,15 +217,23 @@ def run_configuration(config: Configuration, *, model: str, devices: Sequence[st
                       interval: float = DEFAULT_INTERVAL, n_seq_max: int = 2, n_ctx: int = 512,
                       n_ubatch: int = 64, n_batch: Optional[int] = None, draft_max: int = 3,
                       requests: int = 2, nvidia: bool = False, threads: Optional[int] = None,
-                      timeout: float = 600) -> dict:
-    """One configuration in a subprocess: its record (see :func:`run_configurations`)."""
+                      timeout: float = 600, warmup: int = 0, synth_len: Optional[float] = None,
+                      flash_attn: Optional[bool] = None, seed: Optional[int] = None) -> dict:
+    """One configuration in a subprocess: its record (see :func:`run_configurations`).
+
+    ``warmup``: requests run before the ``requests`` measured (their tokens/s and acceptance
+    left out; memory is sampled throughout); ``synth_len``: llama-server's synthetic acceptance
+    (``--spec-synth-len``) for a drafting configuration; ``flash_attn``: the ``Llama`` argument
+    (None: its default); ``seed``: the first request's seed, each next one's one more (None: the
+    ``Llama``'s own)."""
     with tempfile.TemporaryDirectory(prefix="llama-metaws-vram-") as tmp:
         events_path = os.path.join(tmp, "events.jsonl")
         req = dict(config=config.to_dict(), model=os.fspath(model), devices=list(devices),
                    prompt=prompt if isinstance(prompt, str) else [int(t) for t in prompt],
                    n_predict=n_predict, interval=interval, n_seq_max=n_seq_max, n_ctx=n_ctx,
                    n_ubatch=n_ubatch, n_batch=n_batch, draft_max=draft_max, requests=requests,
-                   nvidia=nvidia, threads=threads)
+                   nvidia=nvidia, threads=threads, warmup=warmup, synth_len=synth_len,
+                   flash_attn=flash_attn, seed=seed)
         cmd = [sys.executable, "-m", "llama_metaws.tools.vram", "--child", events_path]
         t0 = time.perf_counter()
         child = run_child(cmd, input=json.dumps(req), timeout=timeout)
