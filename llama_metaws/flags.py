@@ -279,7 +279,7 @@ def llama_kwargs(args: argparse.Namespace) -> dict:
         phase_aware_workspace=args.phase_aware_workspace,
         workspace_mode=args.workspace_mode if args.phase_aware_workspace else "off",
         allow_unsafe_workspace=args.workspace_mode == "unsafe-shared",
-        ctx_checkpoints=args.ctx_checkpoints, checkpoint_every=args.checkpoint_every,
+        ctx_checkpoints=args.ctx_checkpoints, checkpoint_min_step=args.checkpoint_every,
         draft_synth_rates=args.spec_synth_rates, draft_synth_len=args.spec_synth_len,
     )
     if getattr(args, "context_shift", False):

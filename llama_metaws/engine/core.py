@@ -28,7 +28,7 @@ import numpy as np
 
 from ..native.binding import llama_cpp
 from .batch import Batch
-from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CTX_CHECKPOINTS,
+from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_MIN_STEP, DEFAULT_CTX_CHECKPOINTS,
                           CheckpointStore, PrefixReuse)
 from .drafting import AdaptiveLength, MTPHead, auto_lengths
 from .policy import DraftPolicy, StepCosts
@@ -97,7 +97,7 @@ class Engine:
 
     def __init__(self, target, draft=None, *, workspace=None, n_slots: Optional[int] = None, draft_max: int = 3,
                  adaptive: bool = False, p_min: float = 0.0, ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS,
-                 checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+                 checkpoint_min_step: int = DEFAULT_CHECKPOINT_MIN_STEP,
                  ctx_checkpoints_bytes: int = DEFAULT_CHECKPOINT_BYTES, proposer: Optional[Callable] = None,
                  after_decode: Optional[Callable[[str], None]] = None, synth_rates: Sequence[float] = (),
                  context_shift: bool = False) -> None:
@@ -145,7 +145,7 @@ class Engine:
         self.defer_catch_up = True
         self.prior: Optional[CostPrior] = None  # draft_max="auto": the costs measured before any request
         self.set_costs(StepCosts())  # what the engine's decodes cost (the prior, then measured as it runs)
-        self.reuse = PrefixReuse(recurrent=self.recurrent, reach=self.n_rs_seq, checkpoint_every=checkpoint_every)
+        self.reuse = PrefixReuse(recurrent=self.recurrent, reach=self.n_rs_seq, checkpoint_min_step=checkpoint_min_step)
         self.slots: List[Slot] = [
             Slot(i, self.n_ctx_seq, self.n_embd, CheckpointStore(ctx_checkpoints, ctx_checkpoints_bytes, seq_id=i))
             for i in range(n_slots)]

@@ -60,6 +60,7 @@ class Slot:
         self.prompt_end = 0              # PROMPT: evaluate up to here (len(prompt) or one less)
         self.stops: Dict[int, List[int]] = {}  # PROMPT: chunk ends -> checkpoints to take there
         self.tail: Optional[int] = None  # PROMPT: the tail checkpoint's position, read back at the end
+        self.chunk_checkpoints = False   # PROMPT: a checkpoint at every chunk's end (-cms 0)
         self.last: Optional[int] = None  # GENERATING: the token at position n, not yet decoded
         self.drafts: List[int] = []      # GENERATING: proposed for positions n + 1 ..
         self.asked = 0                   # GENERATING: the draft length asked for them
@@ -135,7 +136,7 @@ class Slot:
         self.state = SlotState.IDLE
         self.last, self.drafts, self.asked, self.length, self.synth_rng = None, [], 0, None, None
         self.needs_draft = False
-        self.stops, self.tail, self.prompt_rows = {}, None, []
+        self.stops, self.tail, self.prompt_rows, self.chunk_checkpoints = {}, None, [], False
         return r
 
     def describe(self) -> dict:
