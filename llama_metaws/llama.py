@@ -234,7 +234,8 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if isinstance(checkpoint_min_step, bool) or not isinstance(checkpoint_min_step, int) or checkpoint_min_step < 0:
-            raise ValueError(f"checkpoint_min_step must be an integer >= 0 (0: no minimum), got {checkpoint_min_step!r}")
+            raise ValueError(f"checkpoint_min_step must be an integer >= 0 (0: no minimum), "
+                             f"got {checkpoint_min_step!r}")
         n_gpu_layers = _contexts.gpu_layers(kwargs.pop("n_gpu_layers", None))  # None, "auto", "all" or N
         flash_attn = _contexts.flash_attn_type(kwargs.get("flash_attn", False))  # True, False or "auto"
         if fit_params is None:  # llama-server fits when -ngl is auto (its default)
@@ -360,8 +361,9 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
             split_array = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)
             model["tensor_split"] = split_array
         n_batch = kwargs.get("n_batch", 512)
-        context = dict(n_ctx=kwargs.get("n_ctx", 512), n_batch=n_batch, n_ubatch=min(n_batch, kwargs.get("n_ubatch", 512)),
-                       flash_attn_type=flash_attn, offload_kqv=kwargs.get("offload_kqv", True))
+        context = dict(n_ctx=kwargs.get("n_ctx", 512), n_batch=n_batch,
+                       n_ubatch=min(n_batch, kwargs.get("n_ubatch", 512)), flash_attn_type=flash_attn,
+                       offload_kqv=kwargs.get("offload_kqv", True))
         for key in ("type_k", "type_v", "swa_full", "op_offload"):
             if kwargs.get(key) is not None:
                 context[key] = kwargs[key]
