@@ -296,3 +296,38 @@ def test_the_docs_table_is_what_the_table_generates():
     for f in TABLE:  # every refusal says why
         assert f.status not in (REFUSED, REMOVED) or f.note
         assert f.status != VALUES or f.allowed
+
+
+def test_a_real_start_on_llama_servers_defaults_and_variables(models_dir, tmp_path):
+    from serving import Server
+
+    from llama_metaws.testing import make_tiny_mtp_model
+
+    model = make_tiny_mtp_model(models_dir / "flags-mtp.gguf", agreement=0.8)  # a 256-token context
+    # serve -m MODEL --spec-type draft-mtp and nothing else: 4 slots sharing the model's whole
+    # context, the workspace on; --metrics from its variable
+    srv = Server(model, "--spec-type", "draft-mtp", log_path=tmp_path / "defaults.log",
+                 env={"LLAMA_ARG_ENDPOINT_METRICS": "1"})
+    try:
+        _, props = srv.json("GET", "/props")
+        assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 256
+        assert props["phase_aware_workspace"] == {"enabled": True, "mode": "alias"}
+        status, res = srv.json("POST", "/completion", {"prompt": "hello", "n_predict": 8, "temperature": 0})
+        assert status == 200 and res["tokens_predicted"] == 8
+        m = srv.metrics()
+        assert m['llamametaws:workspace_enabled{mode="alias"}'] == 1 and m["llamametaws:slots"] == 4
+        assert any(k.startswith("llamametaws:workspace_shared{") and v == 1 for k, v in m.items())
+    finally:
+        srv.kill()
+    # the workspace off, the slots and the context from variables, -c on the command line winning
+    srv = Server(model, "--spec-type", "draft-mtp", "--no-phase-aware-workspace", "-c", "1024",
+                 log_path=tmp_path / "off.log", env={"LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_CTX_SIZE": "512",
+                                                     "LLAMA_ARG_ENDPOINT_METRICS": "true"})
+    try:
+        _, props = srv.json("GET", "/props")
+        assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 512  # 1024 / 2
+        assert props["phase_aware_workspace"] == {"enabled": False, "mode": None}
+        assert srv.metrics()['llamametaws:workspace_enabled{mode="none"}'] == 0
+        assert "LLAMA_ARG_CTX_SIZE environment variable is set, but will be overwritten" in srv.log()
+    finally:
+        srv.kill()
