@@ -103,23 +103,24 @@ def _only(flag: str):
     return value
 
 
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+
+
 def gpu_layers(text: str):
     """-ngl: a count, 'auto' (fitted: --fit) or 'all'."""
     if text in ("auto", "all"):
         return text
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a count of layers, 'auto' or 'all': {text!r}") from None
+    n = _int(text, "a count of layers, 'auto' or 'all'")
     return "all" if n < 0 else n  # llama.cpp: a negative count is every layer
 
 
 def n_parallel(text: str) -> int:
     """-np: slots, or -1 (auto: 4 with a unified KV); 0 is llama-server's 'invalid value'."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a count of slots: {text!r}") from None
+    n = _int(text, "a count of slots")
     if n == 0 or n < -1:
         raise argparse.ArgumentTypeError(f"invalid value for n_parallel: {n} (a count of slots, or -1: auto)")
     return n
@@ -194,10 +195,7 @@ def draft_max_value(text: str):
     """--spec-draft-n-max: a count of tokens, or "auto" (a length chosen per step, at most AUTO_DRAFT_MAX)."""
     if text.strip().lower() == "auto":
         return "auto"
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a count of tokens or 'auto': {text!r}") from None
+    n = _int(text, "a count of tokens or 'auto'")
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
     return n
@@ -341,10 +339,7 @@ def add_model_flags(p: argparse.ArgumentParser, *, server: bool = True) -> None:
 
 def _nonnegative(name: str):
     def value(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        n = _int(text, "an integer")
         if n < 0:
             raise argparse.ArgumentTypeError(f"{name} must be non-negative, got {n}")
         return n
