@@ -424,9 +424,16 @@ class Engine:
         return auto_lengths(self, going, verdicts, caps) if self.adaptive else caps
 
     def decode_target(self, b: Batch, phase: str = "decoding") -> None:
-        rc = llama_cpp.llama_decode(self.target.ctx, b.batch)
-        if self.after_decode is not None:
-            self.after_decode("target")
+        while True:
+            rc = llama_cpp.llama_decode(self.target.ctx, b.batch)
+            if self.after_decode is not None:
+                self.after_decode("target")
+            # 1: no KV cells for the batch (llama.cpp found them before computing anything, so the
+            # memory is as it was). In a unified KV the idle slots' cached prompts share the cells
+            # the running ones need: as llama-server (try_clear_idle_slots), one idle slot's
+            # sequence is cleared and the batch tried again
+            if not (rc == 1 and self.unified and self.clear_an_idle_slot()):
+                break
         if rc != 0:
             # 1: no KV cells free for the batch (llama.h), what llama-server reports as below
             why = "; the context size has been exceeded (no free KV cells)" if rc == 1 else ""
@@ -486,6 +493,14 @@ class Engine:
 
     def seq_pos_max(self, seq: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(self.target.ctx), seq))
+
+    def clear_an_idle_slot(self) -> bool:
+        """Clear the sequence of one idle slot that holds tokens; False when there is none."""
+        for slot in self.slots:
+            if slot.state == SlotState.IDLE and slot.n > 0:
+                self.clear_sequence(slot)
+                return True
+        return False
 
     def clear_sequence(self, slot: Slot) -> None:
         """The slot's sequence removed from both contexts (its checkpoints too)."""
