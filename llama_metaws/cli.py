@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from . import flags
+from . import flags, server_flags
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -215,12 +215,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = flags.FlagParser(
         prog="llama-metaws",
         description="MTP speculative decoding for llama-cpp-python with a phase-aware "
         "compute workspace (see README.md).",
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=flags.FlagParser)
     p.allow_abbrev = False
 
     b = sub.add_parser("build", help="fetch, patch and build llama.cpp and the cffi shim (cached)",
@@ -306,14 +306,16 @@ def make_parser() -> argparse.ArgumentParser:
                        help="generate text with llama.cpp's flags (MTP drafting, tensor split, workspace)",
                        description="Complete a prompt with the patched Llama. Flags follow llama.cpp, e.g. "
                        "-m MODEL --device CPU,CPU -sm tensor -ts 0.55,0.45 --spec-type draft-mtp "
-                       "--phase-aware-workspace -np 2 -c 4096 -ub 512 -p PROMPT -n 64. The text goes to "
+                       "-np 2 -c 4096 -ub 512 -p PROMPT -n 64 (the workspace is on with the draft context; "
+                       "--no-phase-aware-workspace: off). The text goes to "
                        "stdout, speed, draft acceptance and workspace figures to stderr.")
-    flags.add_model_flags(g)
+    flags.add_model_flags(g, server=False)
     g.add_argument("-p", "--prompt", required=True)
     g.add_argument("-n", "--n-predict", type=int, default=64)
     g.add_argument("--temp", type=float, default=0.0, help="0: greedy (default)")
     g.add_argument("--top-k", type=int, default=40)
     g.add_argument("--top-p", type=float, default=0.95)
+    flags.add_table_flags(g)
     g.set_defaults(func=_cmd_generate)
 
     sv = sub.add_parser("serve", allow_abbrev=False,
@@ -322,11 +324,13 @@ def make_parser() -> argparse.ArgumentParser:
                         "/v1/models, Anthropic's /v1/messages and llama-server's /completion, /infill, /tokenize, "
                         "/detokenize, /apply-template, /props, /slots, /health and (--metrics) /metrics with the "
                         "patched Llama, and a chat page at / (--no-ui: none), configured by llama-server's "
-                        "flags, e.g. -m MODEL --device CPU,CPU -sm tensor --spec-type draft-mtp "
-                        "--phase-aware-workspace --port 8080. -np requests run at once (each on a slot); others "
-                        "wait, up to --queue-size. Needs the server extra.")
+                        "flags, values, defaults and LLAMA_ARG_* variables (docs/server-flags.md), e.g. -m MODEL "
+                        "--device CPU,CPU -sm tensor --spec-type draft-mtp --port 8080; the phase-aware workspace "
+                        "is on wherever a draft context exists. -np requests run at once (each on a slot); "
+                        "others wait, up to --queue-size. Needs the server extra.")
     flags.add_model_flags(sv)
     flags.add_server_flags(sv)
+    flags.add_table_flags(sv)
     sv.set_defaults(func=_cmd_serve)
 
     rs = sub.add_parser("rpc-server", allow_abbrev=False,
@@ -347,6 +351,40 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: the commands that take llama.cpp's flags, and with them its LLAMA_ARG_* variables
+LLAMA_FLAG_COMMANDS = ("serve", "generate")
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._subparsers._group_actions:
+        if name in action.choices:
+            return action.choices[name]
+    raise KeyError(name)
+
+
+def _llama_argv(sub: argparse.ArgumentParser, argv: List[str]) -> List[str]:
+    """A llama.cpp command line as llama.cpp reads it: its LLAMA_ARG_* variables first (the command
+    line after them wins), and a long flag spelled with underscores (--ctx_size) read with dashes."""
+    known = set(sub._option_string_actions)
+    out = []
+    for a in argv:
+        fixed = a.replace("_", "-") if a.startswith("--") and "=" not in a else a
+        out.append(fixed if a not in known and fixed in known else a)
+    return server_flags.env_arguments(known, argv=out) + out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sub = None
+    if argv and argv[0] in LLAMA_FLAG_COMMANDS:
+        sub = _subparser(parser, argv[0])
+        try:
+            argv = argv[:1] + _llama_argv(sub, argv[1:])
+        except server_flags.EnvError as e:
+            sub.error(str(e))
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # llama-server's words for it: a flag it does not know either
+        (sub or parser).error(f"invalid argument: {unknown[0]}" + (
+            "" if unknown[0].startswith("-") else " (a value without its flag?)"))
     return args.func(args)

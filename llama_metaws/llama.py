@@ -37,10 +37,23 @@ New keyword arguments (llama.cpp's option names):
 - ``n_seq_max`` (llama.cpp's ``-np``): the engine's slots, requests served at once;
   ``kv_unified=True`` (``-kvu``): one KV buffer for all of them, each may use the whole context
   (else each has ``n_ctx / n_seq_max``);
-- ``phase_aware_workspace=True`` and ``workspace_mode`` (``"alias"``, ``"private-meta"``,
-  ``"off"``; ``"unsafe-shared"`` only with ``allow_unsafe_workspace=True``, to reproduce a crash);
+- ``phase_aware_workspace`` (on: with ``draft="mtp"`` the target and its draft context share
+  their compute buffers; without a draft context it has nothing to share) and ``workspace_mode``
+  (``"alias"``, ``"private-meta"``, ``"off"``; ``"unsafe-shared"`` only with
+  ``allow_unsafe_workspace=True``, to reproduce a crash);
 - prompt reuse of a recurrent or hybrid target (:mod:`llama_metaws.engine.checkpoints`):
-  ``ctx_checkpoints`` (count per slot), ``checkpoint_every`` (tokens) and ``ctx_checkpoints_bytes``;
+  ``ctx_checkpoints`` (count per slot, 32), ``checkpoint_min_step`` (8192 tokens between those
+  inside a long prompt; 0: no minimum) and ``ctx_checkpoints_bytes``, llama-server's defaults;
+- ``n_gpu_layers="auto"`` (llama-server's ``-ngl`` default): the layers that fit the devices' free
+  memory, by llama.cpp's own fit (:mod:`llama_metaws.engine.fit`; with ``n_ctx=0`` the context is
+  fitted too); ``"all"``: every layer. ``fit_params`` (default: on for ``"auto"``) runs that fit
+  over whatever is left at llama.cpp's defaults, ``fit_target_mib`` (1024: MiB left free per
+  device, or one per device) and ``fit_min_ctx`` (4096) as llama-server's ``-fitt`` / ``-fitc``;
+  :attr:`fitted` holds what it chose;
+- ``flash_attn="auto"``: on wherever the devices support it, as llama.cpp decides (the binding's
+  ``True`` / ``False`` too; its default stays off);
+- ``load_mode``, ``lazy_mode``, ``check_tensors``, ``use_extra_bufts``, ``no_host``:
+  ``llama_model_params`` fields by llama.cpp's names (left out: llama.cpp's defaults);
 - ``chat_format="llama.cpp"`` or ``chat_template`` (text): chats on llama.cpp's chat layer (:mod:`.chat_layer`),
   also the default for a model whose template it reads; other ``chat_format`` names are the binding's
   (a GGUF without a template: the binding's default is llama-2, llama.cpp's chat layer and llama-server
@@ -68,6 +81,7 @@ from . import state as _state
 from .engine import checkpoints as _ckpt
 from .engine import contexts as _contexts
 from .engine import devices as _devices
+from .engine import fit as _fit
 from .engine import rpc as _rpc
 from .engine import prior as _prior
 from .engine import sampling as _sampling
@@ -83,8 +97,8 @@ from .engine.samplers import SamplingParams
 from .engine.workspace import MODES as WORKSPACE_MODES
 from .engine.workspace import Workspace
 from .errors import GrammarError
-from .native.binding import _internals, llama_cpp
-from .native.params import check_fields, set_fields
+from .native.binding import _internals, llama_cpp, set_verbose
+from .native.params import check_fields, keeping, set_fields
 
 __all__ = ["Llama", "DraftStatsReport"]
 
@@ -101,7 +115,10 @@ class _WithOurFields:
     ``llama_cpp.Llama.__init__`` makes ``self.model_params`` / ``self.context_params`` from the
     binding's default-params calls before it loads the model / the context; this data
     descriptor adds the fields in ``self.<fields_attr>`` at that assignment, on this instance
-    only, by the names the struct declares (:func:`~llama_metaws.native.params.set_fields`).
+    only, by the names the struct declares (:func:`~llama_metaws.native.params.set_fields`), and
+    keeps them: the binding's own writes that follow (its ``flash_attn_type`` from ``flash_attn``,
+    its ``load_mode`` from ``use_mmap``) leave a field of ours as we set it
+    (:func:`~llama_metaws.native.params.keeping`).
     """
 
     def __init__(self, fields_attr: str):
@@ -114,8 +131,9 @@ class _WithOurFields:
         return self if obj is None else obj.__dict__.get(self.slot)
 
     def __set__(self, obj, params) -> None:
-        set_fields(params, getattr(obj, self.fields_attr, {}))
-        obj.__dict__[self.slot] = params
+        fields = getattr(obj, self.fields_attr, {})
+        set_fields(params, fields)
+        obj.__dict__[self.slot] = keeping(params, fields)  # the binding's later writes leave ours
 
 
 class _SlotZero:
@@ -182,10 +200,12 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         n_seq_max: int = 1,
         kv_unified: bool = False,
         ctx_checkpoints: int = _ckpt.DEFAULT_CTX_CHECKPOINTS,
-        checkpoint_every: int = _ckpt.DEFAULT_CHECKPOINT_EVERY,
+        checkpoint_min_step: int = _ckpt.DEFAULT_CHECKPOINT_MIN_STEP,
         ctx_checkpoints_bytes: int = _ckpt.DEFAULT_CHECKPOINT_BYTES,
         chat_template: Optional[str] = None,
-        use_extra_bufts: Optional[bool] = None,
+        fit_params: Optional[bool] = None,
+        fit_target_mib: Union[int, Sequence[int]] = _fit.FIT_TARGET_MIB,
+        fit_min_ctx: int = _fit.FIT_MIN_CTX,
         **kwargs,
     ):
         t_load = time.perf_counter()
@@ -222,13 +242,15 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         for name, value in (("ctx_checkpoints", ctx_checkpoints), ("ctx_checkpoints_bytes", ctx_checkpoints_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be an integer >= 0 (0: only at the end of each "
-                             f"prompt), got {checkpoint_every!r}")
+        if isinstance(checkpoint_min_step, bool) or not isinstance(checkpoint_min_step, int) or checkpoint_min_step < 0:
+            raise ValueError(f"checkpoint_min_step must be an integer >= 0 (0: no minimum), "
+                             f"got {checkpoint_min_step!r}")
+        n_gpu_layers = _contexts.gpu_layers(kwargs.pop("n_gpu_layers", None))  # None, "auto", "all" or N
+        flash_attn = _contexts.flash_attn_type(kwargs.get("flash_attn", False))  # True, False or "auto"
+        if fit_params is None:  # llama-server fits when -ngl is auto (its default)
+            fit_params = n_gpu_layers == "auto"
 
-        model_fields = {}
-        if use_extra_bufts is not None:  # llama.cpp's --no-repack: the weights as the file has them
-            model_fields["use_extra_bufts"] = bool(use_extra_bufts)
+        model_fields = _contexts.model_field_kwargs(kwargs)  # load_mode, lazy_mode, use_extra_bufts, ... (when given)
         self._device_list = None
         self._rpc = _rpc.connect(rpc_servers)  # ValueError for a bad or unreachable server
         local = None
@@ -239,13 +261,15 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         if devices:
             self._device_list = _devices.DeviceList(list(devices))  # ValueError lists the devices
             model_fields["devices"] = self._device_list.pointer
-            kwargs.setdefault("n_gpu_layers", -1)
+            if n_gpu_layers is None:
+                n_gpu_layers = "all"
         elif local is not None:
             self._device_list = _devices.DeviceList(local, allow_empty=True)
             model_fields["devices"] = self._device_list.pointer
         if split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:  # devices, flash attention, host KV, the arch
             _devices.check_tensor_split(self._device_list, kwargs)
             check_arch_tensor_split(_gguf_arch(model_path))
+            flash_attn = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         proposer = kwargs.pop("draft_model", None)  # the binding's own (prompt lookup, ...)
         if draft == "mtp":
             if proposer is not None:
@@ -273,6 +297,23 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
             n_batch=kwargs.get("n_batch", 512), logits_all=bool(kwargs.get("logits_all", False)))
         if kv_unified:
             context_fields["kv_unified"] = True
+        if flash_attn == llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO:  # as llama.cpp decides, per device
+            kwargs["flash_attn"] = False  # the binding's bool; our field is what llama.cpp gets
+            context_fields["flash_attn_type"] = flash_attn
+        self.fitted: Optional[_fit.Fitted] = None
+        if fit_params:  # llama.cpp's own fit of -ngl auto and -c 0 (engine.fit)
+            self.fitted = self._fit(model_path, n_gpu_layers, flash_attn, split, tensor_split, model_fields,
+                                    context_fields, self._draft_fields if draft == "mtp" else None,
+                                    fit_target_mib, fit_min_ctx, kwargs)
+            if self.fitted.tensor_split is not None:
+                tensor_split = self.fitted.tensor_split
+            if self.fitted.overrides is not None:  # kept alive with the instance, as the model loads
+                model_fields["tensor_buft_overrides"] = ctypes.c_void_p(ctypes.addressof(self.fitted.overrides))
+            if n_gpu_layers == "auto":
+                n_gpu_layers = self.fitted.n_gpu_layers
+            kwargs["n_ctx"] = self.fitted.n_ctx
+        if n_gpu_layers is not None:  # "auto" unfitted: every layer, as llama-server's -ngl auto --fit off
+            kwargs["n_gpu_layers"] = -1 if n_gpu_layers in ("auto", "all") else n_gpu_layers
         # llama_cpp.Llama.__init__ assigns its default params to self.model_params / context_params
         # before it loads anything: the descriptors add our fields there, on this instance alone (no
         # other thread or instance can see them), by the names the structs declare
@@ -301,7 +342,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         self._engine = Engine(self._ctx, self._draft_ctx, n_slots=n_seq_max,
                               draft_max=max(self._draft_max, 1), adaptive=adaptive, p_min=float(draft_p_min),
                               proposer=proposer, ctx_checkpoints=ctx_checkpoints,
-                              checkpoint_every=checkpoint_every, ctx_checkpoints_bytes=ctx_checkpoints_bytes,
+                              checkpoint_min_step=checkpoint_min_step, ctx_checkpoints_bytes=ctx_checkpoints_bytes,
                               after_decode=self._after_decode, synth_rates=synth_rates,
                               context_shift=context_shift)
         self._stack.callback(self._engine.close)  # before the contexts go (LIFO)
@@ -322,6 +363,28 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         self._chat_templates = _chat.templates_for(self, chat_format, kwargs.get("chat_handler"), chat_template)
         if self._chat_templates is not None:
             self.chat_format = _chat.LAYER_FORMAT
+
+    def _fit(self, model_path, n_gpu_layers, flash_attn, split, tensor_split, model_fields, context_fields,
+             draft_fields, target_mib, n_ctx_min, kwargs) -> "_fit.Fitted":
+        """llama.cpp's fit (:func:`engine.fit.fit`) over the params this Llama will load with."""
+        ngl = {None: 0, "auto": _fit.AUTO_LAYERS, "all": 0x7FFFFFFF, -1: 0x7FFFFFFF}.get(n_gpu_layers, n_gpu_layers)
+        model = dict(model_fields, n_gpu_layers=ngl, split_mode=split, main_gpu=kwargs.get("main_gpu", 0))
+        split_array = None
+        if tensor_split:
+            split_array = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)
+            model["tensor_split"] = split_array
+        n_batch = kwargs.get("n_batch", 512)
+        context = dict(n_ctx=kwargs.get("n_ctx", 512), n_batch=n_batch,
+                       n_ubatch=min(n_batch, kwargs.get("n_ubatch", 512)), flash_attn_type=flash_attn,
+                       offload_kqv=kwargs.get("offload_kqv", True))
+        for key in ("type_k", "type_v", "swa_full", "op_offload"):
+            if kwargs.get(key) is not None:
+                context[key] = kwargs[key]
+        context.update(context_fields)
+        verbose = bool(kwargs.get("verbose", True))
+        set_verbose(verbose)  # llama's log during the fit goes through the binding's logger
+        return _fit.fit(model_path, model_fields=model, context_fields=context, draft_fields=draft_fields,
+                        target_mib=target_mib, n_ctx_min=n_ctx_min, verbose=verbose)
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")
@@ -543,6 +606,13 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
     # ---------------------------------------------------------------------------------------
     # what it reports
 
+    @property
+    def workspace_mode(self) -> Optional[str]:
+        """The phase-aware workspace's mode (``"alias"``, ``"private-meta"``, ...), or None where
+        the target and the draft do not share one (no draft context, or turned off)."""
+        w = self._workspace
+        return w.mode if w is not None and w.shared else None
+
     def workspace_stats(self):
         """Per compute buffer type: requirements, bytes allocated, generation, grows/shrinks (read
         on the engine's thread between two steps)."""
@@ -558,7 +628,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         out.update(max_count=per[0]["max_count"], max_bytes=per[0]["max_bytes"],
                    positions=sorted(x for p in per for x in p["positions"]),
                    enabled=e.reuse.checkpointed and per[0]["max_count"] > 0 and per[0]["max_bytes"] > 0,
-                   every=e.reuse.every)
+                   min_step=e.reuse.min_step)
         return out
 
     def engine_stats(self) -> dict:

@@ -22,7 +22,7 @@ START_TIMEOUT_S = 180
 class Server:
     """``llama-metaws serve`` in a subprocess on 127.0.0.1, stopped by PID."""
 
-    def __init__(self, model, *flags, log_path, api_key=None):
+    def __init__(self, model, *flags, log_path, api_key=None, env=None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -32,7 +32,8 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llama_metaws", "serve", "-m", str(model), "--host", "127.0.0.1",
              "--port", str(self.port), *key, *flags],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=dict(os.environ, **(env or {})))  # env: more variables (llama-server's LLAMA_ARG_*)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:

@@ -131,10 +131,17 @@ def _load_state_without_draft(env):
         llm.load_state(plain.save_state())
 
 
-def _cli_unknown_flag(env):
-    res = subprocess.run([sys.executable, "-m", "llama_metaws", "generate", "-m", env.mtp, "-p", "x",
-                          "--draft-pmin", "0.5"], capture_output=True, text=True)
+def _cli(*argv, env_vars=None):
+    """A command line that fails: its exit status and the last line it printed."""
+    import os
+
+    res = subprocess.run([sys.executable, "-m", "llama_metaws", *argv], capture_output=True, text=True,
+                         env=dict(os.environ, **(env_vars or {})))
     raise SystemExit(f"exit status {res.returncode}: {res.stderr.strip().splitlines()[-1]}")
+
+
+def _cli_unknown_flag(env):
+    _cli("generate", "-m", env.mtp, "-p", "x", "--draft-pmin", "0.5")
 
 
 # (what the user does, how, the exception type, a pattern its message must match)
@@ -167,8 +174,8 @@ CASES = [
     ("Llama(n_seq_max=0)", lambda e: _llama(e, n_seq_max=0), ValueError, r"n_seq_max must be"),
     ("Llama(ctx_checkpoints=-1)", lambda e: _llama(e, draft="mtp", ctx_checkpoints=-1), ValueError,
      r"ctx_checkpoints must be an integer >= 0"),
-    ("Llama(checkpoint_every=-5)", lambda e: _llama(e, draft="mtp", checkpoint_every=-5), ValueError,
-     r"checkpoint_every must be an integer >= 0"),
+    ("Llama(checkpoint_min_step=-5)", lambda e: _llama(e, draft="mtp", checkpoint_min_step=-5), ValueError,
+     r"checkpoint_min_step must be an integer >= 0"),
     ("Llama(draft='mtp').load_state(a state saved without drafting)", _load_state_without_draft, ValueError,
      r"this state has no MTP draft context"),
     ("Llama(workspace_mode='sometimes')", lambda e: _llama(e, draft="mtp", workspace_mode="sometimes"),
@@ -207,7 +214,25 @@ CASES = [
      lambda e: __import__("llama_metaws.engine.sampling", fromlist=["x"]).check_grammar(
          "root ::= " + "(" * 20000 + '"a"' + ")" * 20000), GrammarError, r"nests groups 20000 deep"),
     ("llama-metaws generate --draft-pmin 0.5 (an unknown flag)", _cli_unknown_flag, SystemExit,
-     r"exit status 2: .*unrecognized arguments: --draft-pmin"),
+     r"exit status 2: llama-metaws generate: error: invalid argument: --draft-pmin"),
+    ("llama-metaws serve --mmproj P (a llama-server flag serve refuses)",
+     lambda e: _cli("serve", "-m", e.mtp, "--mmproj", "p.gguf"), SystemExit,
+     r"exit status 2: llama-metaws serve: error: --mmproj: multimodal input is not served"),
+    ("llama-metaws serve --draft-max 3 (removed by llama.cpp)", lambda e: _cli("serve", "-m", e.mtp, "--draft-max", "3"),
+     SystemExit, r"--draft-max: the argument has been removed. use --spec-draft-n-max"),
+    ("LLAMA_ARG_MMPROJ=P llama-metaws serve (a refused flag's variable)",
+     lambda e: _cli("serve", "-m", e.mtp, env_vars={"LLAMA_ARG_MMPROJ": "p.gguf"}), SystemExit,
+     r"environment variable LLAMA_ARG_MMPROJ \(--mmproj\): multimodal"),
+    ("llama-metaws serve --phase-aware-workspace without --spec-type draft-mtp",
+     lambda e: _cli("serve", "-m", e.mtp, "--phase-aware-workspace"), SystemExit,
+     r"exit status 2: .*--phase-aware-workspace: the workspace is shared by the target and its MTP draft context"),
+    ("llama-metaws serve --workspace-mode unsafe-shared",
+     lambda e: _cli("serve", "-m", e.mtp, "--spec-type", "draft-mtp", "--workspace-mode", "unsafe-shared"),
+     SystemExit, r"llama-metaws repro --mode unsafe-shared"),
+    ("Llama(n_gpu_layers='most')", lambda e: _llama(e, n_gpu_layers="most"), ValueError,
+     r"n_gpu_layers must be a count of layers \(-1: all\), 'all' or 'auto'"),
+    ("Llama(flash_attn='maybe')", lambda e: _llama(e, flash_attn="maybe"), ValueError,
+     r"flash_attn must be True, False or 'auto'"),
 ]
 
 

@@ -459,6 +459,26 @@ def test_a_stream_closed_mid_way_frees_its_slot_for_the_next_request(agree_path)
         assert llm._engine.busy() == 0
 
 
+def test_in_a_unified_kv_an_idle_slots_prompt_gives_its_cells_to_a_running_one(agree_path):
+    """-np auto's unified KV: slot 0 keeps its 200-token history while idle; slot 1's 200-token
+    prompt finds no free cells (llama_decode returns 1), so, as llama-server, the idle slot's
+    sequence is cleared and the batch decoded again."""
+    prompt = [(7 * i + 3) % N_VOCAB for i in range(200)]
+    with Llama(agree_path, draft="mtp", n_ctx=N_CTX, n_batch=64, n_ubatch=64, n_seq_max=2, kv_unified=True,
+               verbose=False) as llm:
+        with llm.on_slot(0):
+            first = llm.create_completion(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"]
+        assert llm.slots()[0]["n_past"] > 200
+        with llm.on_slot(1):
+            second = llm.create_completion(prompt[::-1], max_tokens=8, temperature=0.0)["choices"][0]["text"]
+        assert llm.slots()[0]["n_past"] == 0 and llm.slots()[1]["n_past"] > 200
+        with llm.on_slot(0):  # the cleared slot evaluates its prompt anew, with the same answer
+            assert llm.create_completion(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"] == first
+            assert llm.timings()["cache_n"] == 0
+    with Llama(agree_path, draft="mtp", n_ctx=N_CTX, n_batch=64, n_ubatch=64, verbose=False) as solo:
+        assert solo.create_completion(prompt[::-1], max_tokens=8, temperature=0.0)["choices"][0]["text"] == second
+
+
 def test_a_slots_second_turn_reuses_its_prefix_while_other_slots_run(agree_path):
     first = "the quick brown fox jumps over the lazy dog " * 3
     with _llama(agree_path, 2) as llm:

@@ -46,7 +46,7 @@ def fresh_run(path, tokens, n, split, seed=None, **sampling):
 @pytest.mark.parametrize("mode", ["greedy", "seeded"])
 def test_a_second_turn_equals_a_fresh_run(agree_path, random_path, split, mode):
     path, sampling, seed = (agree_path, GREEDY, None) if mode == "greedy" else (random_path, SAMPLED, 7)
-    with Llama(path, draft="mtp", checkpoint_every=EVERY, **KW, **split) as llm:
+    with Llama(path, draft="mtp", checkpoint_min_step=EVERY, **KW, **split) as llm:
         assert llm.checkpoint_stats()["enabled"]
         a1 = run(llm, P1, 12, seed=seed, **sampling)
         held = list(llm.input_ids[: llm.n_tokens])
@@ -65,7 +65,7 @@ def test_a_second_turn_equals_a_fresh_run(agree_path, random_path, split, mode):
 @pytest.mark.parametrize("mode", ["greedy", "seeded"])
 def test_a_prompt_diverging_after_a_checkpoint_restores_it(agree_path, random_path, mode):
     path, sampling, seed = (agree_path, GREEDY, None) if mode == "greedy" else (random_path, SAMPLED, 3)
-    with Llama(path, draft="mtp", checkpoint_every=EVERY, **KW) as llm:
+    with Llama(path, draft="mtp", checkpoint_min_step=EVERY, **KW) as llm:
         run(llm, P1, 12, seed=seed, **sampling)
         # every 16 tokens, 4 before the end (llama-server's choice) and at the end of what the
         # prompt decodes before its last token (held back, decoded with the first draft)
@@ -79,7 +79,7 @@ def test_a_prompt_diverging_after_a_checkpoint_restores_it(agree_path, random_pa
 
 
 def test_a_prompt_diverging_before_every_checkpoint_is_evaluated_in_full(agree_path):
-    with Llama(agree_path, draft="mtp", checkpoint_every=EVERY, **KW) as llm:
+    with Llama(agree_path, draft="mtp", checkpoint_min_step=EVERY, **KW) as llm:
         run(llm, P1, 8)
         p2 = P1[:10] + NEW  # before the first checkpoint (16); the live state is at 47
         a2 = run(llm, p2, 10)
@@ -94,13 +94,13 @@ def test_a_prompt_diverging_before_every_checkpoint_is_evaluated_in_full(agree_p
 
 
 def test_checkpoint_memory_stays_within_its_bounds_over_20_requests(agree_path):
-    with Llama(agree_path, draft="mtp", checkpoint_every=EVERY, **KW) as probe:
+    with Llama(agree_path, draft="mtp", checkpoint_min_step=EVERY, **KW) as probe:
         run(probe, P1[:20], 1)
         s = probe.checkpoint_stats()
         one = s["bytes"] // s["count"]
     bound = int(2.5 * one)  # two checkpoints fit, never three
     rng = np.random.default_rng(5)
-    with Llama(agree_path, draft="mtp", checkpoint_every=EVERY, ctx_checkpoints=4,
+    with Llama(agree_path, draft="mtp", checkpoint_min_step=EVERY, ctx_checkpoints=4,
                ctx_checkpoints_bytes=bound, **KW) as llm:
         history = list(P1)
         for i in range(20):
@@ -118,9 +118,9 @@ def test_checkpoint_memory_stays_within_its_bounds_over_20_requests(agree_path):
 
 
 def test_bad_checkpoint_arguments_are_value_errors(agree_path):
-    for kw in (dict(ctx_checkpoints=-1), dict(checkpoint_every=-5), dict(checkpoint_every="16"),
+    for kw in (dict(ctx_checkpoints=-1), dict(checkpoint_min_step=-5), dict(checkpoint_min_step="16"),
                dict(ctx_checkpoints_bytes=1.5), dict(ctx_checkpoints=True)):
-        with pytest.raises(ValueError, match="ctx_checkpoints|checkpoint_every"):
+        with pytest.raises(ValueError, match="ctx_checkpoints|checkpoint_min_step"):
             Llama(agree_path, draft="mtp", **kw, **KW)
 
 
@@ -170,7 +170,7 @@ def test_llama_ram_cache_with_drafting(agree_path):
 
 
 def test_the_same_prompt_again_restores_the_checkpoint_before_its_last_token(agree_path):
-    with Llama(agree_path, draft="mtp", checkpoint_every=0, **KW) as llm:
+    with Llama(agree_path, draft="mtp", **KW) as llm:
         first = run(llm, P1, 10)  # from scratch: the reference
         assert llm.checkpoint_stats()["positions"] == [len(P1) - 4, len(P1) - 1]
         again = run(llm, P1, 10)
@@ -182,7 +182,7 @@ def test_the_same_prompt_again_restores_the_checkpoint_before_its_last_token(agr
 @pytest.mark.parametrize("draft_max,logits_all", [(1, False), (3, False), (3, True)])
 def test_a_prompt_parting_in_its_last_tokens_restores_the_tail_checkpoint(agree_path, draft_max, logits_all):
     kw = dict(KW, draft_max=draft_max, logits_all=logits_all)
-    with Llama(agree_path, draft="mtp", checkpoint_every=0, **kw) as llm:
+    with Llama(agree_path, draft="mtp", **kw) as llm:
         sizes, decode = [], llm._engine.decode_target
 
         def counted(b, *args):
@@ -207,11 +207,15 @@ def test_a_prompt_parting_in_its_last_tokens_restores_the_tail_checkpoint(agree_
 
 @pytest.mark.parametrize("n,n_batch,reach,every,want", [
     # the tail (n - 4) read 3 back from the end of the prompt's one chunk
-    (40, 64, 3, 0, [(0, 39, [3, 0])]),
+    (40, 64, 3, 8192, [(0, 39, [3, 0])]),
     # no snapshots that far: the chunks end at the tail too
-    (40, 64, 2, 0, [(0, 36, [0]), (36, 3, [0])]),
+    (40, 64, 2, 8192, [(0, 36, [0]), (36, 3, [0])]),
     # n_batch would end the first chunk between the tail and the end: it ends at the tail
-    (66, 64, 3, 0, [(0, 62, [0]), (62, 3, [0])]),
+    (66, 64, 3, 8192, [(0, 62, [0]), (62, 3, [0])]),
+    # -cms 0, no minimum: every chunk's end takes one (the tail's chunk ends there)
+    (100, 32, 3, 0, [(0, 32, [0]), (32, 32, [0]), (64, 32, [0]), (96, 3, [0])]),
+    # ... and the last chunk reads the tail back from its snapshots
+    (90, 32, 3, 0, [(0, 32, [0]), (32, 32, [0]), (64, 25, [3, 0])]),
     # the tail on a multiple of every: one checkpoint there
     (36, 64, 3, 16, [(0, 16, [0]), (16, 16, [0]), (32, 3, [0])]),
     # every 16 and the tail 3 back from the end
@@ -227,7 +231,7 @@ def test_prompt_chunks_end_at_checkpoints_but_the_one_read_back(n, n_batch, reac
         slot = Slot(0, 256, 8, CheckpointStore())
         slot.request = Request(list(range(n)))
         slot.cursor, slot.prompt_end = 0, n - 1  # the last token held back
-        PrefixReuse(recurrent=recurrent, reach=reach, checkpoint_every=every).stops(slot, 0, n - 1, n)
+        PrefixReuse(recurrent=recurrent, reach=reach, checkpoint_min_step=every).stops(slot, 0, n - 1, n)
         out = []
         while slot.cursor < slot.prompt_end:
             seg = _prompt_chunk(slot, n_batch, n_batch)

@@ -65,7 +65,7 @@ def mtp_server(mtp_model, tmp_path_factory):
 def plain_server(plain_model, tmp_path_factory):
     """No drafting, an API key, no waiting room (--queue-size 0), a context long enough to keep the
     model busy while a second request comes."""
-    server = Server(plain_model, "-c", "4096", "-b", "512", "-ub", "512", "--api-key", "sesame",
+    server = Server(plain_model, "-np", "1", "-c", "4096", "-b", "512", "-ub", "512", "--api-key", "sesame",
                     "--queue-size", "0", "--metrics",
                     log_path=tmp_path_factory.mktemp("srv") / "plain.log")
     try:
@@ -436,9 +436,8 @@ def test_serve_flags_follow_llama_server():
     assert kw["flash_attn"] is True and kw["split_mode"] == "tensor" and kw["devices"] == ["CPU", "CPU"]
     assert kw["tensor_split"] == [3.0, 1.0]
     assert (args.host, args.port, args.api_key, args.metrics) == ("127.0.0.1", 9999, "k", True)
-    assert p.parse_args(["serve", "-m", "x", "--draft-max", "4"]).draft_max == 4
     auto = flags.llama_kwargs(p.parse_args(["serve", "-m", "x", "-sm", "tensor", "--device", "CPU,CPU"]))
-    assert "flash_attn" not in auto  # auto: Llama turns it on under tensor split
+    assert auto["flash_attn"] == "auto"  # llama.cpp turns it on under tensor split, which needs it
     assert p.parse_args(["serve", "-m", "x"]).port == 8080
     # -tb as llama-server's: -t's value unless given; neither given, the binding's defaults
     one = flags.llama_kwargs(p.parse_args(["serve", "-m", "x", "-t", "1"]))

@@ -28,8 +28,8 @@ def plain_model(models_dir):
 
 @pytest.fixture(scope="module")
 def server(plain_model, tmp_path_factory):
-    srv = Server(plain_model, "-c", "4096", "-b", "512", "-ub", "512", "--queue-size", "1", "--metrics", api_key=KEY,
-                 log_path=tmp_path_factory.mktemp("srv") / "defects.log")
+    srv = Server(plain_model, "-np", "1", "-c", "4096", "-b", "512", "-ub", "512", "--queue-size", "1", "--metrics",
+                 api_key=KEY, log_path=tmp_path_factory.mktemp("srv") / "defects.log")
     yield from srv.running()
 
 

@@ -190,7 +190,10 @@ def test_llama_servers_flags_map_to_the_model_and_the_others_are_refused_by_name
     assert (args.temp, args.n_predict, args.chat_template, args.slots, args.max_body_size) == (0.3, 12, "chatml", False,
                                                                                               2 << 20)
     plain = flags.llama_kwargs(p.parse_args(["serve", "-m", "x.gguf"]))
-    assert "type_k" not in plain and "kv_unified" not in plain and "context_shift" not in plain
+    assert "type_k" not in plain and "context_shift" not in plain
+    assert plain["kv_unified"] is True and plain["n_seq_max"] == 4  # -np auto: 4 slots, one KV
+    per_slot = flags.llama_kwargs(p.parse_args(["serve", "-m", "x.gguf", "-np", "2"]))
+    assert "kv_unified" not in per_slot and per_slot["n_seq_max"] == 2
     shift = flags.llama_kwargs(p.parse_args(["serve", "-m", "x.gguf", "--context-shift", "--spec-synth-rates",
                                              "0.8, 0.5", "--spec-synth-len", "2"]))
     assert shift["context_shift"] is True and shift["draft_synth_rates"] == [0.8, 0.5]

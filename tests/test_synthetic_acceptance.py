@@ -144,7 +144,7 @@ def test_serves_flags_are_checked_at_start_up(half_path):
 
 @pytest.mark.parametrize("flag,value", [("--spec-synth-rates", "0,0,0"), ("--spec-synth-len", "4")])
 def test_serve_accepts_at_the_rates_given_and_warns(half_path, tmp_path, flag, value):
-    srv = Server(half_path, "--spec-type", "draft-mtp", "--draft-max", "3", "-c", "256", "-b", "64", "-ub", "64",
+    srv = Server(half_path, "--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "-c", "256", "-b", "64", "-ub", "64",
                  flag, value, log_path=tmp_path / "synth.log")
     body = dict(prompt=PROMPT, n_predict=24, seed=123, return_tokens=True, **SAMPLED)
     try:

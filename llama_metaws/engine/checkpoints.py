@@ -6,7 +6,9 @@ decode (with the series' patch 0011 ``llama_memory_seq_rm`` says so by returning
 prompt reuse keeps, as llama-server does with ``--ctx-checkpoints``, copies of the recurrent
 part of the state (what ``llama_state_seq_get_data_ext`` writes with
 ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``, taken through patch 0024's call, :func:`state_back`)
-at the end of each prompt and every ``checkpoint_every`` tokens of a long one. A later request
+at the end of each prompt and every ``checkpoint_min_step`` tokens of a long one (llama-server's
+``-cms``: its mid-prompt checkpoints at least that far apart; 0, no minimum: one at the end of
+every chunk of the prompt the engine evaluates). A later request
 restores the newest checkpoint inside the prefix it shares with the tokens held, cuts the
 attention KV after it and evaluates only the rest. A checkpoint is also taken 4 tokens before the
 end of each prompt, as llama-server does, for a next prompt that parts from this one in its last
@@ -47,12 +49,12 @@ from ..native.shim import check_error, ffi, lib
 from .buffers import context_address
 
 __all__ = ["Checkpoint", "CheckpointStore", "PrefixReuse", "DEFAULT_CTX_CHECKPOINTS",
-           "DEFAULT_CHECKPOINT_EVERY", "DEFAULT_CHECKPOINT_BYTES", "common_prefix", "state_back", "write_state"]
+           "DEFAULT_CHECKPOINT_MIN_STEP", "DEFAULT_CHECKPOINT_BYTES", "common_prefix", "state_back", "write_state"]
 
-#: checkpoints kept at most (llama-server's ``--ctx-checkpoints``; its default is 32)
-DEFAULT_CTX_CHECKPOINTS = 8
-#: a checkpoint every this many tokens of a long prompt (0: only at the end of each prompt)
-DEFAULT_CHECKPOINT_EVERY = 512
+#: checkpoints kept at most per slot (llama-server's ``-ctxcp`` default)
+DEFAULT_CTX_CHECKPOINTS = 32
+#: the mid-prompt checkpoints this many tokens apart (llama-server's ``-cms`` default; 0: no minimum)
+DEFAULT_CHECKPOINT_MIN_STEP = 8192
 #: bytes of host memory the checkpoints may take at most
 DEFAULT_CHECKPOINT_BYTES = 1 << 30
 #: a checkpoint this many tokens before the end of each prompt too (llama-server's choice)
@@ -208,19 +210,20 @@ class PrefixReuse:
     its rollback snapshots (``reach``: its ``n_rs_seq``) or a checkpoint; other targets cut their
     KV anywhere, but one with a sliding-window cache that is not full-size (``n_swa``: its window,
     0 for none or a full-size one) as llama-server does (the module's docstring; ``n_ubatch``,
-    ``n_batch``: the target's). ``checkpoint_every`` adds a checkpoint every that many positions
-    of a long prompt (0: only at each prompt's end and :data:`TAIL` tokens before it; not for a
-    window cache, whose prompts end their batches where llama-server's do).
+    ``n_batch``: the target's). Besides a checkpoint at each prompt's end and :data:`TAIL` tokens
+    before it, ``checkpoint_min_step`` spaces those inside a long prompt: one every that many
+    positions, so at least that far apart (llama-server's ``-cms``); 0, no minimum: one at the end
+    of every chunk of the prompt a step evaluates (not for a window cache, whose prompts end their
+    batches where llama-server's do).
     """
 
-    def __init__(self, *, recurrent: bool, reach: int, checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+    def __init__(self, *, recurrent: bool, reach: int, checkpoint_min_step: int = DEFAULT_CHECKPOINT_MIN_STEP,
                  n_swa: int = 0, n_ubatch: int = 0, n_batch: int = 0) -> None:
-        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be an integer >= 0 (0: only at the end of each "
-                             f"prompt), got {checkpoint_every!r}")
+        if isinstance(checkpoint_min_step, bool) or not isinstance(checkpoint_min_step, int) or checkpoint_min_step < 0:
+            raise ValueError(f"checkpoint_min_step must be an integer >= 0 (0: no minimum), got {checkpoint_min_step!r}")
         self.recurrent = recurrent
         self.reach = reach
-        self.every = checkpoint_every
+        self.min_step = checkpoint_min_step
         self.n_swa = n_swa
         self.n_ubatch = n_ubatch
         self.n_batch = n_batch
@@ -271,10 +274,11 @@ class PrefixReuse:
 
     def stops(self, slot, n_past: int, end: int, prompt_len: int) -> None:
         """Set the slot's checkpoint stops for evaluating its prompt from ``n_past`` to ``end``:
-        a chunk ends at every multiple of ``every`` and at ``end``, each taking a checkpoint
-        there; the one :data:`TAIL` tokens before the prompt's end is read back from the last
-        chunk's rollback snapshots where they reach it, else a chunk ends there too."""
-        slot.stops, slot.tail = {}, None
+        a chunk ends at every multiple of ``min_step`` and at ``end``, each taking a checkpoint
+        there (``min_step`` 0: every chunk's end takes one, ``slot.chunk_checkpoints``); the one
+        :data:`TAIL` tokens before the prompt's end is read back from the last chunk's rollback
+        snapshots where they reach it, else a chunk ends there too."""
+        slot.stops, slot.tail, slot.chunk_checkpoints = {}, None, False
         if not (self.checkpointed and slot.checkpoints.enabled):
             return
         if not self.recurrent:  # a window cache: llama-server's batch ends, a checkpoint at each
@@ -282,9 +286,12 @@ class PrefixReuse:
             slot.stops = {p: [0] for p in ends if n_past < p < end}
             return
         stops = {end: [0]}
-        if self.every:
-            for p in range(self.every - n_past % self.every + n_past, end, self.every):
+        step = self.min_step
+        if step:
+            for p in range(step - n_past % step + n_past, end, step):
                 stops.setdefault(p, [0])
+        else:
+            slot.chunk_checkpoints = True
         tail = prompt_len - TAIL
         if n_past < tail < end and tail not in stops:
             if end - tail <= self.reach:

@@ -39,6 +39,36 @@ def split_mode_value(mode: Union[str, int]) -> int:
     return int(mode)
 
 
+#: llama.cpp's model fields a Llama takes by name as keyword arguments (llama-server's -lm, -lzm,
+#: --check-tensors, --repack / -nr, --no-host); left out: the binding's or llama.cpp's default
+MODEL_FIELD_KWARGS = ("load_mode", "lazy_mode", "check_tensors", "use_extra_bufts", "no_host")
+
+
+def model_field_kwargs(kwargs: dict) -> dict:
+    """Pop :data:`MODEL_FIELD_KWARGS` out of ``kwargs``: the ``llama_model_params`` fields given."""
+    return {name: kwargs.pop(name) for name in MODEL_FIELD_KWARGS if kwargs.get(name, None) is not None}
+
+
+def gpu_layers(value: Union[None, int, str]) -> Union[None, int, str]:
+    """``n_gpu_layers`` as llama-server takes it: a count (the binding's -1: all), ``"all"`` or
+    ``"auto"`` (fitted to the free device memory, see :mod:`.fit`); None: not given."""
+    if value is None or value in ("auto", "all"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ValueError(f"n_gpu_layers must be a count of layers (-1: all), 'all' or 'auto', got {value!r}")
+    return value
+
+
+def flash_attn_type(value: Union[bool, str, None]) -> int:
+    """``flash_attn`` as llama.cpp's ``flash_attn_type``: True, False (the binding's default) or
+    ``"auto"``: on where the devices support it, as llama.cpp decides when it makes the context."""
+    types = {True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+             None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED, "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO}
+    if value not in types or (value is not True and value is not False and not isinstance(value, (str, type(None)))):
+        raise ValueError(f"flash_attn must be True, False or 'auto', got {value!r}")
+    return types[value]
+
+
 class LoadedModel(_internals.LlamaModel):
     """The binding's model wrapper, keeping the device array its params point at alive."""
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..native.binding import llama_cpp
 from .batch import Batch
-from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CTX_CHECKPOINTS,
+from .checkpoints import (DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_MIN_STEP, DEFAULT_CTX_CHECKPOINTS,
                           CheckpointStore, PrefixReuse, write_state)
 from .drafting import AdaptiveLength, MTPHead, auto_lengths
 from .policy import DraftPolicy, StepCosts
@@ -97,7 +97,7 @@ class Engine:
 
     def __init__(self, target, draft=None, *, workspace=None, n_slots: Optional[int] = None, draft_max: int = 3,
                  adaptive: bool = False, p_min: float = 0.0, ctx_checkpoints: int = DEFAULT_CTX_CHECKPOINTS,
-                 checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+                 checkpoint_min_step: int = DEFAULT_CHECKPOINT_MIN_STEP,
                  ctx_checkpoints_bytes: int = DEFAULT_CHECKPOINT_BYTES, proposer: Optional[Callable] = None,
                  after_decode: Optional[Callable[[str], None]] = None, synth_rates: Sequence[float] = (),
                  context_shift: bool = False) -> None:
@@ -152,7 +152,7 @@ class Engine:
         # a sliding-window cache that is not full-size keeps prefixes as llama-server does (.checkpoints)
         swa_full = bool(getattr(params, "swa_full", True)) if params is not None else True
         self.n_swa = 0 if swa_full else int(llama_cpp.llama_model_n_swa(model))
-        self.reuse = PrefixReuse(recurrent=self.recurrent, reach=self.n_rs_seq, checkpoint_every=checkpoint_every,
+        self.reuse = PrefixReuse(recurrent=self.recurrent, reach=self.n_rs_seq, checkpoint_min_step=checkpoint_min_step,
                                  n_swa=self.n_swa, n_ubatch=self.n_ubatch, n_batch=self.n_batch)
         self.slots: List[Slot] = [
             Slot(i, self.n_ctx_seq, self.n_embd, CheckpointStore(ctx_checkpoints, ctx_checkpoints_bytes, seq_id=i))
@@ -433,9 +433,16 @@ class Engine:
         return auto_lengths(self, going, verdicts, caps) if self.adaptive else caps
 
     def decode_target(self, b: Batch, phase: str = "decoding") -> None:
-        rc = llama_cpp.llama_decode(self.target.ctx, b.batch)
-        if self.after_decode is not None:
-            self.after_decode("target")
+        while True:
+            rc = llama_cpp.llama_decode(self.target.ctx, b.batch)
+            if self.after_decode is not None:
+                self.after_decode("target")
+            # 1: no KV cells for the batch (llama.cpp found them before computing anything, so the
+            # memory is as it was). In a unified KV the idle slots' cached prompts share the cells
+            # the running ones need: as llama-server (try_clear_idle_slots), one idle slot's
+            # sequence is cleared and the batch tried again
+            if not (rc == 1 and self.unified and self.clear_an_idle_slot()):
+                break
         if rc != 0:
             # 1: no KV cells free for the batch (llama.h), what llama-server reports as below
             why = "; the context size has been exceeded (no free KV cells)" if rc == 1 else ""
@@ -508,6 +515,14 @@ class Engine:
 
     def seq_pos_max(self, seq: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(self.target.ctx), seq))
+
+    def clear_an_idle_slot(self) -> bool:
+        """Clear the sequence of one idle slot that holds tokens; False when there is none."""
+        for slot in self.slots:
+            if slot.state == SlotState.IDLE and slot.n > 0:
+                self.clear_sequence(slot)
+                return True
+        return False
 
     def clear_sequence(self, slot: Slot) -> None:
         """The slot's sequence removed from both contexts (its checkpoints too)."""

@@ -166,6 +166,8 @@ def _prompt_chunk(slot: Slot, room: int, outputs_room: int) -> Optional[Segment]
             backs.append(0)
         elif ends and start < tail:  # the state after position tail - 1 is in this chunk's snapshots
             backs.insert(0, end - tail)
+    if slot.chunk_checkpoints and 0 not in backs:  # -cms 0: one at every chunk's end
+        backs.append(0)
     return Segment(slot, "prompt", [int(t) for t in r.prompt[start:stop]], start, outputs, ends_prompt=ends,
                    backs=backs)
 

@@ -63,6 +63,7 @@ class Slot:
         self.tail: Optional[int] = None  # PROMPT: the tail checkpoint's position, read back at the end
         self.replay = 0                  # the last positions of n the target gave back (a restored
         #                                  speculative checkpoint): decoded again before last
+        self.chunk_checkpoints = False   # PROMPT: a checkpoint at every chunk's end (-cms 0)
         self.last: Optional[int] = None  # GENERATING: the token at position n, not yet decoded
         self.drafts: List[int] = []      # GENERATING: proposed for positions n + 1 ..
         self.asked = 0                   # GENERATING: the draft length asked for them
@@ -139,7 +140,7 @@ class Slot:
         self.state = SlotState.IDLE
         self.last, self.drafts, self.asked, self.length, self.synth_rng = None, [], 0, None, None
         self.needs_draft = False
-        self.stops, self.tail, self.prompt_rows = {}, None, []
+        self.stops, self.tail, self.prompt_rows, self.chunk_checkpoints = {}, None, [], False
         return r
 
     def describe(self) -> dict:

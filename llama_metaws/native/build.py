@@ -59,7 +59,9 @@ RECIPE_VERSION = 1
 # testing option GGML_ALLOC_FAULT_INJECTION (patch 0004, off in ggml's default build): this build
 # is the one the plugin's tests, the sanitizer run and the GPU kit run on, and they fail
 # allocations through ``inject_alloc_failure``; ``CMAKE_ARGS=-DGGML_ALLOC_FAULT_INJECTION=OFF``
-# builds without it. These arguments join the key (``BuildInputs.base_cmake_args``), so
+# builds without it. Users get it too: one uncontended lock per buffer allocation, which
+# bench/bench_fault_hook.py measures as no cost at load or per request (bench/BENCHMARKS.md), so
+# one build serves both and CI builds the library once. These arguments join the key (``BuildInputs.base_cmake_args``), so
 # changing them is a new build.
 BASE_CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release",

@@ -10,6 +10,7 @@ fails at once instead of being silently ignored.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any, Dict, Iterable
 
 
@@ -62,3 +63,23 @@ def check_fields(struct: ctypes.Structure, fields: Dict[str, Any], what: str) ->
     if wrong:
         raise RuntimeError(f"llama.cpp did not get {', '.join(wrong)}: "
                            "the binding built its params in a way llama-metaws does not know")
+
+
+def keeping(struct: ctypes.Structure, names: Iterable[str]) -> ctypes.Structure:
+    """A copy of ``struct`` whose fields ``names`` keep the values they hold: a later write to one
+    of them is dropped. For params the binding fills after we set our fields on them (it writes
+    its own ``flash_attn_type`` and ``load_mode`` from its keyword arguments): ours stay. The copy
+    is an instance of a subclass of the struct's type, which ctypes passes wherever the struct goes."""
+    out = _keeping_type(type(struct)).from_buffer_copy(struct)
+    out.__dict__["_kept"] = frozenset(names)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _keeping_type(base: type) -> type:
+    def __setattr__(self, name, value):
+        if name in self.__dict__.get("_kept", ()):
+            return
+        base.__setattr__(self, name, value)
+
+    return type(base.__name__, (base,), {"__setattr__": __setattr__})

@@ -29,18 +29,22 @@ GRACEFUL_SHUTDOWN_S = 3   # uvicorn waits this long for open connections after a
 WORKER_JOIN_S = 5         # then the model's thread this long before the process exits anyway
 
 
-def listen(hosts: str, port: int) -> list:
+def listen(hosts: str, port: int, reuse_port: bool = False) -> list:
     """A listening socket on ``port`` for each of llama-server's comma-separated ``--host``
-    addresses (IPv4 or IPv6, e.g. ``127.0.0.1,::1``)."""
+    addresses (IPv4 or IPv6, e.g. ``127.0.0.1,::1``); ``reuse_port``: SO_REUSEPORT (--reuse-port)."""
     import socket
 
     out = []
     try:
         for host in [h.strip().strip("[]") for h in hosts.split(",") if h.strip()] or ["127.0.0.1"]:
+            if host.endswith(".sock"):
+                raise ValueError(f"{host}: a UNIX socket is not served here; give a TCP address (--host, --port)")
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             out.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind((host, port))
@@ -53,6 +57,18 @@ def listen(hosts: str, port: int) -> list:
     return out
 
 
+def api_keys_of(args: argparse.Namespace):
+    """--api-key (comma-separated) and --api-key-file's lines (# starts a comment), as llama-server
+    reads them; None: no key asked for."""
+    keys = [k.strip() for k in (args.api_key or "").split(",") if k.strip()] if args.api_key is not None else None
+    path = getattr(args, "api_key_file", None)
+    if path:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f if line.strip() and not line.strip().startswith("#")]
+        keys = (keys or []) + lines
+    return keys
+
+
 def serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -63,8 +79,13 @@ def serve(args: argparse.Namespace) -> int:
         from .requests import ModelAccess
         from .worker import ModelWorker, ServedLlama
     except ImportError as e:
-        print(f"llama-metaws serve needs the server extra (pip install 'llama-metaws[server]'): {e}",
-              file=sys.stderr)
+        from ..errors import NativeBuildMissing
+
+        if isinstance(e, NativeBuildMissing):  # an ImportError too, but not a missing extra
+            print(f"llama-metaws serve: {e}", file=sys.stderr)
+        else:
+            print(f"llama-metaws serve needs the server extra (pip install 'llama-metaws[server]'): {e}",
+                  file=sys.stderr)
         return 2
 
     from ..flags import chat_options, llama_kwargs
@@ -74,6 +95,11 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
         print(f"llama-metaws serve: --slot-save-path {args.slot_save_path}: not a directory", file=sys.stderr)
+        return 2
+    try:
+        api_keys = api_keys_of(args)
+    except OSError as e:
+        print(f"llama-metaws serve: --api-key-file {args.api_key_file}: {e}", file=sys.stderr)
         return 2
     try:
         llm = ServedLlama(args.model, **llama_kwargs(args))
@@ -93,10 +119,10 @@ def serve(args: argparse.Namespace) -> int:
 
     model = ModelAccess(llm, templates, alias=Path(args.model).name, aliases=names(args.alias),
                         tags=names(args.tags), temperature=args.temp, n_predict=args.n_predict, seed=args.seed,
-                        verbose=args.verbose, spm_infill=args.spm_infill)
+                        verbose=args.verbose, spm_infill=args.spm_infill, cache_prompt=args.cache_prompt)
     alias = model.alias
     worker = ModelWorker(llm, queue_size=args.queue_size)
-    app = create_app(worker, model, api_key=args.api_key, metrics=args.metrics, slots=args.slots,
+    app = create_app(worker, model, api_key=api_keys, metrics=args.metrics, slots=args.slots,
                      max_body_size=args.max_body_size, model_path=args.model,
                      build_info=f"llama-metaws {system_fingerprint()}", slot_save_path=args.slot_save_path,
                      cors=dict(origins=args.cors_origins, methods=args.cors_methods, headers=args.cors_headers,
@@ -114,7 +140,7 @@ def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: None)
     try:
-        sockets = listen(args.host, args.port)
+        sockets = listen(args.host, args.port, reuse_port=args.reuse_port)
     except (OSError, ValueError) as e:
         worker.close(timeout=WORKER_JOIN_S)
         llm.close()

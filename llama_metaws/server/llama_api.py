@@ -209,7 +209,7 @@ def _completion(body: dict, model: ModelAccess, prompt, param: str, index: int) 
     if not isinstance(stream, bool):
         raise _bad("stream", "true or false is expected")
     plan = Plan(kind="completion", kwargs=kwargs, stream=stream, prompt_param=param,
-                id_slot=slot if slot is not None and slot >= 0 else None, cache_prompt=cache_prompt(body),
+                id_slot=slot if slot is not None and slot >= 0 else None, cache_prompt=cache_prompt(body, model),
                 return_progress=bool(body.get("return_progress")), timings_per_token=bool(body.get("timings_per_token")))
     ids = prompt_tokens(model, prompt, param, True, True, {})
     if not ids:
@@ -469,7 +469,9 @@ def props(model: ModelAccess, *, total_slots: int, slots_endpoint: bool, metrics
             "endpoint_slots": slots_endpoint, "endpoint_props": False, "endpoint_metrics": metrics,
             "chat_template": model.chat.source if model.chat is not None else "",
             "chat_template_caps": model.chat.caps if model.chat is not None else {}, "bos_token": text(llm.token_bos()), "eos_token": text(llm.token_eos()),
-            "build_info": build_info, "is_sleeping": False}
+            "build_info": build_info, "is_sleeping": False,
+            # ours: the phase-aware workspace of the target and its MTP draft context (mode None: none)
+            "phase_aware_workspace": {"enabled": llm.workspace_mode is not None, "mode": llm.workspace_mode}}
 
 
 def tokenize(body: dict, model: ModelAccess) -> dict:

@@ -73,6 +73,10 @@ def render(worker) -> str:
         ("llamametaws:graphs_draft_total", "counter", "Graphs the MTP draft context computed.",
          [("", c.engine.get("graphs_draft", 0))]),
     ]
+    mode = getattr(worker.llm, "workspace_mode", None)
+    families.append(("llamametaws:workspace_enabled", "gauge",
+                     "1 when the target and its MTP draft context share a phase-aware workspace (the mode in "
+                     "the label).", [(f'{{mode="{_escape(mode or "none")}"}}', int(mode is not None))]))
     ws = {name: [] for name in ("bytes", "owner_need_bytes", "borrower_need_bytes", "generation",
                                 "grows_total", "shrinks_total", "alias_in_use", "shared")}
     for i, e in enumerate(c.workspace):

@@ -99,14 +99,15 @@ def _check_unicode(body) -> None:
 
 class ModelAccess:
     """The request layer's door to the model (see the module docstring), and the server's defaults
-    (``--temp``, ``-n``, ``-s``, ``--spm-infill``) and names (``-a``: ``aliases``, the first in
+    (``--temp``, ``-n``, ``-s``, ``--spm-infill``, ``--no-cache-prompt``) and names (``-a``: ``aliases``, the first in
     sorted order the ``alias`` answers carry; ``--tags``)."""
 
     def __init__(self, llm, chat_templates=None, *, alias: str = "model",
                  temperature: Optional[float] = None, n_predict: Optional[int] = None,
                  aliases: Optional[List[str]] = None, tags: Optional[List[str]] = None, seed: int = -1,
-                 verbose: bool = False, spm_infill: bool = False):
+                 verbose: bool = False, spm_infill: bool = False, cache_prompt: bool = True):
         self.llm = llm
+        self.cache_prompt = cache_prompt  # --cache-prompt / --no-cache-prompt: requests' default
         self.spm_infill = spm_infill  # --spm-infill: /infill's suffix before its prefix
         self.chat = chat_templates  # a chat_layer.ChatTemplates: the model's, or the flags'
         self.aliases = sorted(set(aliases)) if aliases else [alias]
@@ -292,9 +293,10 @@ def llama_server_fields(body: dict, plan: "Plan", model: "ModelAccess") -> None:
     plan.verbose = plan.verbose or model.verbose
 
 
-def cache_prompt(body: dict) -> bool:
-    """llama-server's ``cache_prompt`` (true when absent); anything but a boolean is a 400."""
-    value = body.get("cache_prompt", True)
+def cache_prompt(body: dict, model: "ModelAccess") -> bool:
+    """llama-server's ``cache_prompt`` (when absent: the server's, ``--cache-prompt`` / ``--no-cache-prompt``,
+    true by default); anything but a boolean is a 400."""
+    value = body.get("cache_prompt", model.cache_prompt)
     if not isinstance(value, bool):
         raise RequestError(400, f"invalid 'cache_prompt': true or false is expected, got {value!r}",
                            param="cache_prompt", code="invalid_value")
@@ -422,7 +424,7 @@ def completion(body: dict, model: ModelAccess) -> Plan:
     completion_type, _ = _request_types()
     check_known(body, set(completion_type.model_fields) | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
     include_usage = _stream_options(body)
-    reuse = cache_prompt(body)
+    reuse = cache_prompt(body, model)
     flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
     body = _n_predict(body)
     body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
@@ -472,7 +474,7 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"} | OPENAI_ACCEPTED
                 | LLAMA_SERVER_ACCEPTED | LLAMA_SERVER_CHAT)
     include_usage = _stream_options(body)
-    reuse = cache_prompt(body)
+    reuse = cache_prompt(body, model)
     flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
     body = _n_predict(body)
     chat_body = body

@@ -81,7 +81,7 @@ class Serving:
 
     PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # answered without the key
 
-    def __init__(self, worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: Optional[str] = None,
+    def __init__(self, worker: ModelWorker, model: "_requests.ModelAccess", *, api_key=None,
                  metrics: bool = False, slots: bool = True, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
                  model_path: str = "", build_info: str = "", slot_save_path: Optional[str] = None,
                  ui: bool = True) -> None:
@@ -91,17 +91,22 @@ class Serving:
         self.metrics, self.slots, self.max_body_size = metrics, slots, max_body_size
         self.model_path, self.build_info = model_path, build_info
         self.created = int(time.time())
-        self._key = api_key.encode("utf-8") if api_key is not None else None
+        # --api-key: one key or several, comma-separated (or a list: --api-key-file's lines too)
+        keys = api_key.split(",") if isinstance(api_key, str) else list(api_key or [])
+        keys = [k.strip() for k in keys if k.strip()]
+        self._keys = [k.encode("utf-8") for k in keys] if api_key is not None else None
 
     def authorize(self, request: Request) -> None:
         """A 401 unless the request carries the key (``Authorization: Bearer KEY`` or ``X-Api-Key``)."""
-        if self._key is None or request.url.path in self.PUBLIC_PATHS:
+        if self._keys is None or request.url.path in self.PUBLIC_PATHS:
             return
         given = request.headers.get("authorization") or request.headers.get("x-api-key") or ""
         if given[:7].lower() == "bearer ":
             given = given[7:]
-        # header values arrive as latin-1 text: compare their raw bytes with the key's UTF-8
-        if not hmac.compare_digest(given.strip().encode("latin-1", "replace"), self._key):
+        # header values arrive as latin-1 text: compare their raw bytes with the keys' UTF-8 (each of
+        # them, so the time taken does not tell which key came close)
+        raw = given.strip().encode("latin-1", "replace")
+        if not any([hmac.compare_digest(raw, key) for key in self._keys]):
             raise RequestError(401, "invalid or missing API key: send 'Authorization: Bearer KEY' or "
                                "'X-Api-Key: KEY'", type="authentication_error", code="invalid_api_key")
 

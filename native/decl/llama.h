@@ -4,6 +4,9 @@ struct llama_model;
 struct llama_context;
 struct llama_vocab;
 struct llama_sampler;
+struct llama_model_params;
+struct llama_context_params;
+struct llama_model_tensor_buft_override;
 
 typedef int32_t llama_token;
 
