@@ -319,7 +319,8 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         if fit_params:  # llama.cpp's own fit of -ngl auto and -c 0 (engine.fit)
             self.fitted = self._fit(model_path, n_gpu_layers, flash_attn, split, tensor_split, model_fields,
                                     context_fields, self._draft_fields if draft == "mtp" else None,
-                                    fit_target_mib, fit_min_ctx, kwargs)
+                                    fit_target_mib, fit_min_ctx, kwargs,
+                                    draft_file.path if draft_file is not None else None)
             if self.fitted.tensor_split is not None:
                 tensor_split = self.fitted.tensor_split
             if self.fitted.overrides is not None:  # kept alive with the instance, as the model loads
@@ -395,8 +396,9 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         return _internals.LlamaModel(path_model=draft_file.path, params=mp, verbose=self.verbose)
 
     def _fit(self, model_path, n_gpu_layers, flash_attn, split, tensor_split, model_fields, context_fields,
-             draft_fields, target_mib, n_ctx_min, kwargs) -> "_fit.Fitted":
-        """llama.cpp's fit (:func:`engine.fit.fit`) over the params this Llama will load with."""
+             draft_fields, target_mib, n_ctx_min, kwargs, draft_path=None) -> "_fit.Fitted":
+        """llama.cpp's fit (:func:`engine.fit.fit`) over the params this Llama will load with (a
+        draft model's own file, ``draft_path``, measured beside the target as llama-server fits -md)."""
         ngl = {None: 0, "auto": _fit.AUTO_LAYERS, "all": 0x7FFFFFFF, -1: 0x7FFFFFFF}.get(n_gpu_layers, n_gpu_layers)
         model = dict(model_fields, n_gpu_layers=ngl, split_mode=split, main_gpu=kwargs.get("main_gpu", 0))
         split_array = None
@@ -414,7 +416,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         verbose = bool(kwargs.get("verbose", True))
         set_verbose(verbose)  # llama's log during the fit goes through the binding's logger
         return _fit.fit(model_path, model_fields=model, context_fields=context, draft_fields=draft_fields,
-                        target_mib=target_mib, n_ctx_min=n_ctx_min, verbose=verbose)
+                        draft_path=draft_path, target_mib=target_mib, n_ctx_min=n_ctx_min, verbose=verbose)
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")

@@ -225,6 +225,27 @@ def test_the_assistant_drafts_for_two_slots_at_once(gemma_files):
         assert llm.draft_stats.total.accepted > 0 and shares_workspace(llm)
 
 
+def test_the_fit_measures_the_draft_file_beside_the_target(qwen_files, gemma_files, capfd):
+    from llama_metaws.engine import contexts, fit
+
+    _, target, head = qwen_files
+    t, d = contexts.context_fields(n_seq_max=1, draft_max=3, n_batch=64)
+    for draft_path in (None, head):
+        capfd.readouterr()
+        f = fit.fit(target, model_fields={}, context_fields=dict(n_ctx=0, **t), draft_fields=d,
+                    draft_path=draft_path, verbose=True)
+        log = capfd.readouterr().err
+        assert f.status == 0 and f.n_ctx == 256
+        # llama-server's fit of -md loads the draft's own file (its NextN blocks) beside the target
+        assert (f"from {head}" in log) == (draft_path is not None), log[-3000:]
+    # serve's default -ngl auto runs that fit with a draft file, the assistant's too
+    g_target, assistant = gemma_files
+    for t_path, d_path in ((target, head), (g_target, assistant)):
+        with Llama(t_path, draft_model=d_path, n_gpu_layers="auto", **KW) as llm:
+            assert llm.fitted is not None and llm.fitted.status == 0
+            assert tokens(llm, [1, 2, 3], 4)
+
+
 # ----------------------------------------------------------------------------------------------
 # what does not go together: a ValueError before anything loads
 
@@ -271,8 +292,10 @@ def test_what_does_not_go_together_is_refused_before_loading(qwen_files, gemma_f
 
 @pytest.mark.parametrize("which", ["qwen35-head", "gemma4-assistant"])
 def test_serve_md_draft_mtp_two_slots(qwen_files, gemma_files, tmp_path, which):
+    # the head's draft-mtp inferred from the file, as llama-server infers it; the assistant's named
     target, draft = (qwen_files[1], qwen_files[2]) if which == "qwen35-head" else gemma_files
-    srv = Server(target, "-md", draft, "--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "-np", "2",
+    spec = [] if which == "qwen35-head" else ["--spec-type", "draft-mtp"]
+    srv = Server(target, "-md", draft, *spec, "--spec-draft-n-max", "3", "-np", "2",
                  "-c", "512", "-b", "64", "-ub", "64", "--metrics", "-a", "tiny", log_path=tmp_path / "serve.log")
     for server in srv.running():
         client = server.client()
