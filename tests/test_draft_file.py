@@ -119,11 +119,12 @@ def test_a_head_file_drafts_as_the_models_own_head_in_the_workspace(qwen_files, 
         assert len(entries) == len({(e.buffer_type, e.device) for e in entries}), entries  # each listed once
 
 
-def test_a_head_file_drafts_for_two_slots_at_once(qwen_files):
+@pytest.mark.parametrize("mode", ["one-device", "tensor"])
+def test_a_head_file_drafts_for_two_slots_at_once(qwen_files, mode):
     _, target, head = qwen_files
-    with Llama(target, **KW) as plain:
+    with Llama(target, **KW, **MODES[mode]) as plain:
         want = [tokens(plain, p, n) for p, n in zip(PROMPTS, MAX_TOKENS)]
-    with Llama(target, draft_model=head, n_seq_max=2, **KW) as llm:  # draft="mtp" inferred from the file
+    with Llama(target, draft_model=head, n_seq_max=2, **KW, **MODES[mode]) as llm:  # draft="mtp" inferred
         assert concurrently(llm) == want
         assert llm.draft_stats.total.accepted > 0 and shares_workspace(llm)
         assert llm.engine_stats()["slots_busy_max"] == 2
