@@ -1,7 +1,10 @@
 """What the drafting tests of the families run through ``Llama``: greedy completions as token ids,
-several at once from threads, and whether the workspace is shared."""
+several at once from threads or with the logits rows they came from, and whether the workspace is
+shared."""
 
 import threading
+
+import numpy as np
 
 from llama_metaws.testing import split_devices
 
@@ -34,6 +37,24 @@ def concurrently(llm, prompts=PROMPTS, max_tokens=MAX_TOKENS, timeout=120):
         t.start()
     for t in threads:
         t.join(timeout)
+    return got
+
+
+def greedy_rows(llm, prompts, n, cache_prompt=True):
+    """Each prompt's (token ids) greedy tokens and the logits row of every one, as (tokens, rows):
+    all submitted to the engine at once, so that they share its batches."""
+    from llama_metaws.engine.request import Request
+    from llama_metaws.engine.samplers import SamplingParams
+
+    reqs = [llm._engine.submit(Request(list(p), SamplingParams(temp=0.0), max_tokens=n, logits_rows=True,
+                                       cache_prompt=cache_prompt)) for p in prompts]
+    got = []
+    for r in reqs:
+        toks, rows = [], []
+        for out in r.outputs(timeout=300):
+            toks += out.tokens
+            rows += out.rows or []
+        got.append((toks, np.stack(rows)))
     return got
 
 

@@ -4,9 +4,10 @@ step35's chained heads), as llama.cpp's draft-mtp does (``chain_heads`` in commo
 The models are the agreement design with one rate per head (``families.agreement``): head k drafts
 ``heads_draft[k][x]`` from the token it is given, so each draft can be checked token by token, and
 a probe whose head 0 is always right and later heads always wrong accepts exactly the first token
-of every draft. Greedy output equals no drafting, with one and two sequences; a draft is at most
-as long as there are heads, ``draft_max="auto"`` included; a head the model does not have is an
-error, not an abort. ``bench/bench_heads.py`` compares the counts with llama-speculative-simple's.
+of every draft. Greedy output equals no drafting, with one and two sequences (one device and
+tensor split); a draft is at most as long as there are heads, ``draft_max="auto"`` included; a
+head the model does not have is an error, not an abort. ``bench/bench_heads.py`` compares the
+counts with llama-speculative-simple's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from llama_metaws import Llama
+from llama_metaws.testing import split_devices
 from llama_metaws.testing.families import FAMILIES, family_plan, make_family_model
 
 from drafting_runs import KW, MAX_TOKENS, PROMPTS, concurrently, shares_workspace, tokens as _tokens
@@ -115,11 +117,12 @@ def test_draft_step_k_is_head_ks_token(models_dir, arch):
         assert d == [int(heads[k][x]) for k, x in enumerate(given)], (last, d)
 
 
+@pytest.mark.parametrize("split", [{}, dict(devices=split_devices(2), split_mode="tensor")], ids=["one", "tensor"])
 @pytest.mark.parametrize("arch", CHAINED)
-def test_two_sequences_at_once_equal_their_solo_outputs(models_dir, arch):
+def test_two_sequences_at_once_equal_their_solo_outputs(models_dir, arch, split):
     path = _path(models_dir, arch, [1.0, 0.0, 0.0])
     expected = _expected(path)
-    with Llama(path, draft="mtp", draft_max=3, n_seq_max=2, **KW) as llm:
+    with Llama(path, draft="mtp", draft_max=3, n_seq_max=2, **split, **KW) as llm:
         steps = _steps(llm)
         assert concurrently(llm) == expected
         assert llm.engine_stats()["slots_busy_max"] == 2
