@@ -19,9 +19,9 @@ import pytest
 
 from llama_metaws import Llama
 from llama_metaws.native.archs import NO_TENSOR_SPLIT_ARCHS
-from drafting_runs import MODES
+from llama_metaws.testing import split_devices
 from llama_metaws.testing.families import FAMILIES, MTP_FAMILIES, make_family_model
-from drafting_runs import greedy_rows
+from drafting_runs import MODES, greedy_rows
 from serving import Server
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
