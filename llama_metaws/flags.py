@@ -228,7 +228,13 @@ def add_model_flags(p: argparse.ArgumentParser, *, server: bool = True) -> None:
     g.add_argument("-fitc", "--fit-ctx", type=int, default=4096, metavar="N",
                    help="the least context --fit may cut -c 0 down to (default 4096)")
     g.add_argument("--spec-type", default="none", type=_only("--spec-type"), metavar="TYPE",
-                   help="speculative decoding: none, or draft-mtp (drafts with the model's own MTP layers)")
+                   help="speculative decoding: none, or draft-mtp (drafts with the model's own MTP layers, or "
+                   "with -md's)")
+    g.add_argument("--spec-draft-model", "-md", "--model-draft", dest="draft_model", default=None, metavar="FNAME",
+                   help="a draft model of its own file, loaded as an MTP context beside the target and placed as "
+                   "it is: an MTP head (mtp-*.gguf, convert_hf_to_gguf.py --mtp) or a Gemma 4 assistant "
+                   "(gemma4-assistant); it drafts with --spec-type draft-mtp, the type given or inferred from the "
+                   "file (docs/drafting.md)")
     g.add_argument("--spec-draft-n-max", dest="draft_max", type=draft_max_value, default=3, metavar="N",
                    help=f"tokens drafted per step at most (default 3); auto: chosen per step and slot, "
                         f"0 to {AUTO_DRAFT_MAX}, for the most tokens per second from each depth's "
@@ -555,18 +561,21 @@ def llama_kwargs(args: argparse.Namespace) -> dict:
         raise ValueError(f"-c {n_ctx}: a context size is 0 (the model's) or more")
     fit_min_ctx = fit.FULL_CONTEXT if args.ctx_size == 0 else args.fit_ctx
     n_batch = min(args.batch_size, n_ctx) if n_ctx else args.batch_size
-    draft = args.spec_type == "draft-mtp"
+    # -md without --spec-type: draft-mtp is inferred from the file when the model loads (Llama)
+    draft = args.spec_type == "draft-mtp" or args.draft_model is not None
     kw = dict(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(args.ubatch_size, n_batch),
         split_mode=args.split_mode, tensor_split=args.tensor_split, n_seq_max=n_seq,
         offload_kqv=args.kv_offload, verbose=args.verbose,
-        draft="mtp" if draft else None,
+        draft="mtp" if args.spec_type == "draft-mtp" else None,
         draft_max=args.draft_max, draft_p_min=args.draft_p_min,
         ctx_checkpoints=args.ctx_checkpoints, checkpoint_min_step=args.checkpoint_min_step,
         draft_synth_rates=args.spec_synth_rates, draft_synth_len=args.spec_synth_len,
         n_gpu_layers=args.n_gpu_layers, fit_params=args.fit == "on", fit_min_ctx=fit_min_ctx,
         load_mode=LOAD_MODES[args.load_mode], no_perf=not args.perf, **_workspace(args, draft),
     )
+    if args.draft_model is not None:
+        kw["draft_model"] = args.draft_model  # a path (a str): a file, not one of the binding's draft objects
     if args.fit_target is not None:
         kw["fit_target_mib"] = args.fit_target if len(args.fit_target) > 1 else args.fit_target[0]
     if getattr(args, "context_shift", False):

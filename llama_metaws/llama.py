@@ -21,7 +21,11 @@ New keyword arguments (llama.cpp's option names):
   target whose snapshots do not reach the draft, qwen3next, verifies with speculative
   checkpoints, :mod:`llama_metaws.engine.rollback`),
   ``draft_p_min`` (0.0) stops a draft at the first token the head gives less probability;
-  the binding's ``draft_model`` (prompt lookup, ...) drafts on the engine too;
+  the binding's ``draft_model`` (prompt lookup, ...) drafts on the engine too; a ``str`` or
+  ``os.PathLike`` ``draft_model`` is a GGUF file, llama-server's ``-md``: an MTP head of its own
+  file (``mtp-*.gguf``) or a Gemma 4 assistant, loaded as an MTP context beside the target and
+  placed as the target is, ``draft="mtp"`` implied (:mod:`llama_metaws.engine.draft_file`,
+  docs/drafting.md);
   ``draft_synth_rates`` (a rate per draft position) or ``draft_synth_len``: llama-server's synthetic
   acceptance for benchmarks (:mod:`llama_metaws.engine.synthetic`; the output is not valid text);
 - ``context_shift=True``: a generation that fills its slot's context goes on past it, as
@@ -80,6 +84,7 @@ from . import completion as _completion
 from . import state as _state
 from .engine import checkpoints as _ckpt
 from .engine import contexts as _contexts
+from .engine import draft_file as _draft_file
 from .engine import devices as _devices
 from .engine import fit as _fit
 from .engine import rpc as _rpc
@@ -270,19 +275,29 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
             _devices.check_tensor_split(self._device_list, kwargs)
             check_arch_tensor_split(_gguf_arch(model_path))
             flash_attn = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        proposer = kwargs.pop("draft_model", None)  # the binding's own (prompt lookup, ...)
+        proposer = kwargs.pop("draft_model", None)  # the binding's own (prompt lookup, ...), or a file
+        draft_file = None
+        if isinstance(proposer, (str, os.PathLike)):  # llama-server's -md: a draft model of its own file
+            draft_file = _draft_file.read_draft_file(proposer)  # ValueError: no file, not a draft of ours
+            proposer = None
+            draft = draft or "mtp"  # the only way a file drafts here (llama-server infers it for a head too)
         if draft == "mtp":
             if proposer is not None:
                 raise ValueError("draft='mtp' and draft_model=... both give a draft model: choose one")
-            arch, n_nextn = _gguf_nextn_layers(model_path)
-            if n_nextn < 1:
-                raise ValueError(
-                    f"draft='mtp' needs a model with NextN (MTP) layers; this {arch!r} model has none "
-                    f"({arch}.nextn_predict_layers is missing or 0). Use draft=None, or an MTP model "
-                    f"(qwen35, qwen3next, glm4-moe, deepseek2, ...)")
-            check_mtp_graph(arch)  # NextN layers without a graph (nemotron_h): refused here, not at decode
-            model_fields["load_mtp"] = True
-            if n_nextn > 1:  # chained heads, one per draft step (engine.drafting): sized for as many
+            if draft_file is not None:  # its own model, loaded beside the target's (engine.draft_file)
+                _draft_file.check_pair(model_path, draft_file, tensor_split=split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR)
+                n_nextn, chained = draft_file.n_nextn, draft_file.chained_heads
+            else:
+                arch, n_nextn = _gguf_nextn_layers(model_path)
+                if n_nextn < 1:
+                    raise ValueError(
+                        f"draft='mtp' needs a model with NextN (MTP) layers; this {arch!r} model has none "
+                        f"({arch}.nextn_predict_layers is missing or 0). Use draft=None, an MTP model "
+                        f"(qwen35, qwen3next, glm4-moe, deepseek2, ...), or its MTP head's file as draft_model")
+                check_mtp_graph(arch)  # NextN layers without a graph (nemotron_h): refused here, not at decode
+                model_fields["load_mtp"] = True
+                chained = n_nextn > 1
+            if chained:  # chained heads, one per draft step (engine.drafting): sized for as many
                 draft_max = min(draft_max, n_nextn)
             check_draft_max(draft_max, min(kwargs.get("n_batch", 512), kwargs.get("n_ubatch", 512)),
                             fit="n_batch and n_ubatch")
@@ -304,7 +319,8 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         if fit_params:  # llama.cpp's own fit of -ngl auto and -c 0 (engine.fit)
             self.fitted = self._fit(model_path, n_gpu_layers, flash_attn, split, tensor_split, model_fields,
                                     context_fields, self._draft_fields if draft == "mtp" else None,
-                                    fit_target_mib, fit_min_ctx, kwargs)
+                                    fit_target_mib, fit_min_ctx, kwargs,
+                                    draft_file.path if draft_file is not None else None)
             if self.fitted.tensor_split is not None:
                 tensor_split = self.fitted.tensor_split
             if self.fitted.overrides is not None:  # kept alive with the instance, as the model loads
@@ -335,10 +351,15 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
 
         if draft == "mtp":
             # the draft context is the target's, as llama.cpp derives it: the same KV types, flash
-            # attention, offload, threads and sizes; an MTP context with no rollback snapshots
+            # attention, offload, threads and sizes; an MTP context with no rollback snapshots, whose
+            # other context is the target's (a Gemma 4 assistant reads its KV cache through it)
             cp = _contexts.draft_context_params(self.context_params, self._draft_fields)
+            draft_model = self._model
+            if draft_file is not None:  # closed after the draft context (the stack is LIFO)
+                draft_model = self._stack.enter_context(contextlib.closing(self._load_draft_model(draft_file)))
+                set_fields(cp, dict(ctx_other=self._ctx.ctx))
             self._draft_ctx = self._stack.enter_context(contextlib.closing(
-                _internals.LlamaContext(model=self._model, params=cp, verbose=self.verbose)))
+                _internals.LlamaContext(model=draft_model, params=cp, verbose=self.verbose)))
         self._engine = Engine(self._ctx, self._draft_ctx, n_slots=n_seq_max,
                               draft_max=max(self._draft_max, 1), adaptive=adaptive, p_min=float(draft_p_min),
                               proposer=proposer, ctx_checkpoints=ctx_checkpoints,
@@ -354,19 +375,30 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
             self._stack.callback(self._workspace.close)  # before the engine stops (LIFO)
         self._rpc.check(self._ctx.ctx)  # the weights reached every server
         if adaptive and draft == "mtp":  # the costs and the acceptance the policy starts from (engine.prior)
+            head = {"draft_model": _prior.file_key(draft_file.path)} if draft_file is not None else {}
             key = _prior.cost_key(model_path, _prior.cost_options(self.context_params, self.model_params), dict(
                 devices=list(devices or []), rpc=bool(self._rpc), tensor_split=list(tensor_split or []),
-                workspace=[phase_aware_workspace, workspace_mode]))
+                workspace=[phase_aware_workspace, workspace_mode], **head))
             self._engine.calibrate(key, load_s=time.perf_counter() - t_load)
             self._engine.remember_acceptance(_prior.acceptance_key(model_path, dict(
-                p_min=float(draft_p_min), synth_rates=list(synth_rates or []))))
+                p_min=float(draft_p_min), synth_rates=list(synth_rates or []), **head)))
         self._chat_templates = _chat.templates_for(self, chat_format, kwargs.get("chat_handler"), chat_template)
         if self._chat_templates is not None:
             self.chat_format = _chat.LAYER_FORMAT
 
+    def _load_draft_model(self, draft_file: "_draft_file.DraftFile") -> "_internals.LlamaModel":
+        """The draft file's model, placed as the target is (llama-server's
+        ``common_base_params_to_speculative``: the target's devices, split mode, tensor split,
+        layers and key overrides), with its NextN blocks; the buffer overrides a fit wrote name
+        the target's tensors and stay off."""
+        mp = type(self.model_params).from_buffer_copy(self.model_params)
+        set_fields(mp, dict(load_mtp=True, tensor_buft_overrides=None))
+        return _internals.LlamaModel(path_model=draft_file.path, params=mp, verbose=self.verbose)
+
     def _fit(self, model_path, n_gpu_layers, flash_attn, split, tensor_split, model_fields, context_fields,
-             draft_fields, target_mib, n_ctx_min, kwargs) -> "_fit.Fitted":
-        """llama.cpp's fit (:func:`engine.fit.fit`) over the params this Llama will load with."""
+             draft_fields, target_mib, n_ctx_min, kwargs, draft_path=None) -> "_fit.Fitted":
+        """llama.cpp's fit (:func:`engine.fit.fit`) over the params this Llama will load with (a
+        draft model's own file, ``draft_path``, measured beside the target as llama-server fits -md)."""
         ngl = {None: 0, "auto": _fit.AUTO_LAYERS, "all": 0x7FFFFFFF, -1: 0x7FFFFFFF}.get(n_gpu_layers, n_gpu_layers)
         model = dict(model_fields, n_gpu_layers=ngl, split_mode=split, main_gpu=kwargs.get("main_gpu", 0))
         split_array = None
@@ -384,7 +416,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         verbose = bool(kwargs.get("verbose", True))
         set_verbose(verbose)  # llama's log during the fit goes through the binding's logger
         return _fit.fit(model_path, model_fields=model, context_fields=context, draft_fields=draft_fields,
-                        target_mib=target_mib, n_ctx_min=n_ctx_min, verbose=verbose)
+                        draft_path=draft_path, target_mib=target_mib, n_ctx_min=n_ctx_min, verbose=verbose)
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")

@@ -85,10 +85,12 @@ DOWNLOADS = "llama-metaws serve downloads nothing: give -m a local GGUF file"
 PLACEMENT = ("the CPU placement, priority and polling of llama.cpp's thread pools are not reachable through "
              "the binding: pin the process with taskset or numactl")
 DRAFT_THREADS = "the MTP draft context computes with the target's threads (its context params are the target's)"
-DRAFT_WEIGHTS = ("the MTP draft context runs on the target's weights and devices: place the target "
-                 "(-dev, -ngl, -sm, -ts)")
-DRAFT_MODEL = ("not yet: a separate draft model (-md with --spec-type draft-mtp) comes in a later version; "
-               "an MTP model drafts with its own head under --spec-type draft-mtp, with no -md")
+DRAFT_WEIGHTS = ("the MTP draft context runs on the target's weights and devices, and a -md draft model is placed "
+                 "as the target is: place the target (-dev, -ngl, -sm, -ts)")
+DRAFT_MODEL = ("an MTP head of its own file (mtp-*.gguf, convert_hf_to_gguf.py --mtp) or a Gemma 4 assistant, "
+               "loaded as an MTP context beside the target; draft-mtp is inferred from the file where --spec-type "
+               "is none (for an assistant too, which llama-server leaves unused then); any other draft model "
+               "(draft-simple, EAGLE-3, DFlash) is refused when the model loads, naming the file")
 LOOKUP = "lookup decoding is not implemented: speculative decoding here is --spec-type draft-mtp"
 NGRAM = "n-gram speculative decoding is not implemented: use --spec-type draft-mtp with an MTP model"
 MULTIMODAL = "multimodal input is not served: no projector is loaded here; serve a text model"
@@ -399,8 +401,9 @@ TABLE: Tuple[Flag, ...] = (
     _f("--spec-draft-device, -devd, --device-draft", REFUSED, DRAFT_WEIGHTS, value="<dev1,dev2,..>"),
     _f("--spec-draft-ngl, -ngld, --gpu-layers-draft, --n-gpu-layers-draft", REFUSED, DRAFT_WEIGHTS, value="N",
        env="LLAMA_ARG_N_GPU_LAYERS_DRAFT"),
-    _f("--spec-draft-model, -md, --model-draft", REFUSED, DRAFT_MODEL, value="FNAME", env="LLAMA_ARG_SPEC_DRAFT_MODEL"),
-    _f("--spec-type", VALUES, "none and draft-mtp (the model's own MTP head); the other types are not implemented",
+    _f("--spec-draft-model, -md, --model-draft", SAME, DRAFT_MODEL, value="FNAME", env="LLAMA_ARG_SPEC_DRAFT_MODEL"),
+    _f("--spec-type", VALUES, "none and draft-mtp (the model's own MTP head, or -md's); the other types are not "
+       "implemented",
        value="none,draft-simple,draft-eagle3,draft-mtp,draft-dflash,draft-dspark,ngram-simple,ngram-map-k,"
        "ngram-map-k4v,ngram-mod,ngram-cache", env="LLAMA_ARG_SPEC_TYPE", allowed="none, draft-mtp"),
     _f("--spec-ngram-mod-n-min", REFUSED, NGRAM, value="N"),

@@ -83,13 +83,14 @@ int lmws_set_nextn_layer_offset(struct llama_context * ctx, int32_t offset);
 // common_fit_params, llama-server's --fit): n_gpu_layers -1 and n_ctx 0 are fitted in place,
 // tensor_split (llama_max_devices() floats) and overrides (llama_max_tensor_buft_overrides()
 // entries) are written when the fit spreads the model; margins: bytes to leave free per device;
-// draft_cparams: an MTP draft context's params, fitted alongside (NULL: none). *status: an enum
+// draft_cparams: an MTP draft context's params, fitted alongside (NULL: none); draft_path: its model's
+// own file (-md), loaded with mparams and its NextN blocks (NULL: the target's weights). *status: an enum
 // common_params_fit_status (0 fitted, 1 could not fit, 2 an error); the params are usable either way
 int lmws_fit_params(const char * path_model, struct llama_model_params * mparams,
                     struct llama_context_params * cparams, float * tensor_split,
                     struct llama_model_tensor_buft_override * overrides, size_t * margins,
                     uint32_t n_ctx_min, const struct llama_context_params * draft_cparams,
-                    bool verbose, int * status);
+                    const char * draft_path, bool verbose, int * status);
 
 // ggml's RPC backend (rpc.c), through the registry's proc addresses
 int lmws_rpc_add_server(const char * endpoint, ggml_backend_dev_t * out, int capacity, int * n);

@@ -6,11 +6,17 @@ import threading
 
 import numpy as np
 
+from llama_metaws.testing import split_devices
+
 #: one thread for every batch: a 2-thread barrier on a loaded 2-core machine costs more than the
 #: tiny models' decodes
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_threads_batch=1, verbose=False)
 PROMPTS = [[1, 2, 3, 4, 5], [9], [(7 * i + 3) % 120 for i in range(70)]]  # the last past n_batch
 MAX_TOKENS = [24, 17, 20]
+#: where a drafting test runs: one device, a layer split and a tensor split over two devices
+MODES = {"one-device": dict(split_mode="none"),
+         "layer": dict(split_mode="layer", devices=split_devices(2)),
+         "tensor": dict(split_mode="tensor", devices=split_devices(2))}
 
 
 def tokens(llm, prompt, n):

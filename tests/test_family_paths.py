@@ -21,16 +21,13 @@ from llama_metaws import Llama
 from llama_metaws.native.archs import NO_TENSOR_SPLIT_ARCHS
 from llama_metaws.testing import split_devices
 from llama_metaws.testing.families import FAMILIES, MTP_FAMILIES, make_family_model
-from drafting_runs import greedy_rows
+from drafting_runs import MODES, greedy_rows
 from serving import Server
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
 PROMPT = "1 2 3 4"
 N_TOKENS = 12
 AGREEMENT = 0.8
-MODES = {"one-device": dict(split_mode="none"),
-         "layer": dict(split_mode="layer", devices=split_devices(2)),
-         "tensor": dict(split_mode="tensor", devices=split_devices(2))}
 
 @pytest.fixture(scope="module")
 def family_model(tmp_path_factory):

@@ -32,6 +32,7 @@ SAMPLES = {
     "--chat-template-file": "t.jinja", "--sleep-idle-seconds": "-1", "--log-colors": "off", "-lv": "3",
     "--spec-draft-n-max": "2", "--spec-draft-n-min": "0", "--spec-synth-len": "1.5",
     "--spec-synth-rates": "0.9,0.5", "--spec-draft-p-min": "0.5", "--spec-type": "draft-mtp",
+    "--spec-draft-model": "mtp-model.gguf",
 }
 
 

@@ -131,10 +131,9 @@ class Engine:
             n_batch = min(self.n_batch, int(llama_cpp.llama_n_batch(draft.ctx))) if draft else self.n_batch
             check_draft_max(draft_max, n_batch, n_ubatch=self.n_ubatch,
                             n_rs_seq=self.n_rs_seq if self.recurrent else None)
-        if draft is not None:  # chained NextN heads: a draft is at most as long as there are heads
-            n_heads = int(llama_cpp.llama_model_n_layer_nextn(llama_cpp.llama_get_model(draft.ctx)))
-            if n_heads > 1:
-                self.draft_max = min(self.draft_max, n_heads)
+        self.head: Optional[MTPHead] = MTPHead(target, draft, p_min=p_min) if draft is not None else None
+        if self.head is not None and self.head.chained:  # a draft is at most as long as there are heads
+            self.draft_max = min(self.draft_max, self.head.n_heads)
         if synth_rates and not drafting:
             raise ValueError("synthetic acceptance requires drafting")
         self.synth_probs = synthetic.conditional(synth_rates)  # empty: verification by match
@@ -144,7 +143,6 @@ class Engine:
         if self.context_shift and not shift.supported(self):  # llama-server turns it off, with a warning
             warnings.warn(shift.UNSUPPORTED, RuntimeWarning, stacklevel=3)
             self.context_shift = False
-        self.head: Optional[MTPHead] = MTPHead(target, draft, p_min=p_min) if draft is not None else None
         #: a plain one-token decode's catch-up waits in the slot's lag (execute.py); False: every step's at once
         self.defer_catch_up = True
         self.prior: Optional[CostPrior] = None  # draft_max="auto": the costs measured before any request

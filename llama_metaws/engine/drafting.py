@@ -19,7 +19,11 @@ slots) over the binding's low-level calls:
   long as there are heads, and head 0 runs every decode that is not a draft. Each head attends
   over its own layer's KV: the catch-up runs once per head, and draft step ``k`` decodes the whole
   chain so far (``last`` and the drafts before it, each with the row it pairs with) under head
-  ``k``, after the draft positions are cleared.
+  ``k``, after the draft positions are cleared;
+* a draft that reads the target's KV cache (a Gemma 4 assistant, whose context's ``ctx_other`` is
+  the target's: llama.cpp's ``is_mem_shared``) has no memory of its own to catch up: it is never
+  fed, its blocks run in one graph (never chained), and every draft token of a step sits at the
+  draft's first position, where the target's cache ends (the assistant is trained so).
 
 :class:`AdaptiveLength` is ``draft_max="auto"``'s acceptance per slot, and :func:`auto_lengths`
 its choice of the next step's draft lengths (a scout of a plain slot drafted on the side, a
@@ -256,9 +260,12 @@ class MTPHead:
             raise ValueError("the draft model's hidden width differs from the target's")
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(tmodel)))
         self.p_min = float(p_min)
-        #: the NextN heads; more than one: chained (draft step k runs head k, llama.cpp's chain_heads)
+        #: the draft attends over the target's KV cache (llama.cpp's is_mem_shared): nothing to feed
+        self.shares_memory = (llama_ext.llama_get_ctx_other(dctx) or 0) == (tctx or 0)
+        #: the NextN heads; more than one: chained (draft step k runs head k, llama.cpp's chain_heads),
+        #: unless the draft shares the target's memory (then they are blocks of one graph)
         self.n_heads = max(1, int(llama_cpp.llama_model_n_layer_nextn(dmodel)))
-        self.chained = self.n_heads > 1
+        self.chained = self.n_heads > 1 and not self.shares_memory
         self.capacity = int(llama_cpp.llama_n_batch(dctx))
         self.batch = Batch(self.capacity, self.n_embd)
         self.zero = np.zeros(self.n_embd, dtype=np.float32)
@@ -281,6 +288,8 @@ class MTPHead:
         rows for it. Token ``i0 + j`` pairs with row ``i0 + j - 1``, the first with ``pending``.
         A fifth item, ``(tokens, pos0, rows)`` or None, is the slot's lag (:meth:`feed`): tokens
         the target decoded in earlier steps, fed first. Returns what each decode carried."""
+        if self.shares_memory:
+            return []
         return self.feed(self.entries(segments, tokens, pos, rows), phase)
 
     def entries(self, segments: Sequence[Tuple], tokens: np.ndarray, pos: np.ndarray,
@@ -303,7 +312,10 @@ class MTPHead:
              phase: str = "decoding") -> List[List[Tuple[int, int]]]:
         """Decode ``entries`` on the draft context, each ``(seq_id, tokens, pos0, rows)`` (the
         tokens at ``pos0..``, each with the target's row of the position before it), in as few
-        batches as hold them. Returns, per decode, the ``(seq_id, n)`` it carried."""
+        batches as hold them. Returns, per decode, the ``(seq_id, n)`` it carried (none: a draft
+        that reads the target's memory is fed nothing)."""
+        if self.shares_memory:
+            return []
         b = self.batch
         b.clear()
         carried: List[List[Tuple[int, int]]] = []
@@ -372,8 +384,9 @@ class MTPHead:
                         llama_cpp.llama_memory_seq_rm(mem, seq_id, pos, -1)
                         i0 = b.add(toks, pos, seq_id, "last", np.stack(rows))
                         last_index.append(i0 + len(toks) - 1)
-                    else:
-                        last_index.append(b.add(toks[-1:], pos + depth, seq_id, True, rows[-1][None, :]))
+                    else:  # a draft over the target's memory: every token where that memory ends
+                        at = pos if self.shares_memory else pos + depth
+                        last_index.append(b.add(toks[-1:], at, seq_id, True, rows[-1][None, :]))
                 if self.chained:
                     self.select(depth)
                 t0 = self.clock()
@@ -400,9 +413,10 @@ class MTPHead:
         finally:
             if self.chained:
                 self.select(0)  # head 0 for the decodes that are not drafts
-            # the drafted positions go: the next catch-up fills them with the target's rows
+            # the drafted positions go: the next catch-up fills them with the target's rows (a
+            # draft over the target's memory wrote none)
             for seq_id, _last, pos, _pending, n_max in starts:
-                if n_max > 0:
+                if n_max > 0 and not self.shares_memory:
                     llama_cpp.llama_memory_seq_rm(mem, seq_id, pos, -1)
         return out
 

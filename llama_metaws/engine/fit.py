@@ -76,13 +76,14 @@ def margins_bytes(target_mib: Union[int, Sequence[int]]) -> list:
 
 
 def fit(model_path: str, *, model_fields: dict, context_fields: dict, draft_fields: Optional[dict] = None,
-        target_mib: Union[int, Sequence[int]] = FIT_TARGET_MIB, n_ctx_min: int = FIT_MIN_CTX,
-        verbose: bool = False) -> Fitted:
+        draft_path: Optional[str] = None, target_mib: Union[int, Sequence[int]] = FIT_TARGET_MIB,
+        n_ctx_min: int = FIT_MIN_CTX, verbose: bool = False) -> Fitted:
     """Fit ``n_gpu_layers`` (when it is -1) and ``n_ctx`` (when it is 0) with llama.cpp's
     ``common_fit_params``. ``model_fields`` / ``context_fields``: ``llama_model_params`` /
     ``llama_context_params`` fields over llama.cpp's defaults (by the names the binding's structs
-    declare); ``draft_fields``: the MTP draft context's fields over the target's (None: no draft).
-    A ValueError for bad arguments, a LlamaMetawsError when llama.cpp throws."""
+    declare); ``draft_fields``: the MTP draft context's fields over the target's (None: no draft);
+    ``draft_path``: the draft's own model file (``-md``; None: the draft runs on the target's
+    weights). A ValueError for bad arguments, a LlamaMetawsError when llama.cpp throws."""
     if isinstance(n_ctx_min, bool) or not isinstance(n_ctx_min, int) or not 0 <= n_ctx_min <= FULL_CONTEXT:
         raise ValueError(f"fit: the least context must be an integer >= 0, got {n_ctx_min!r}")
     margins = ffi.new("size_t[]", margins_bytes(target_mib))
@@ -104,6 +105,7 @@ def fit(model_path: str, *, model_fields: dict, context_fields: dict, draft_fiel
             _ptr("struct llama_context_params *", cparams), _ptr("float *", split),
             _ptr("struct llama_model_tensor_buft_override *", overrides), margins, n_ctx_min,
             _ptr("struct llama_context_params *", dparams) if dparams is not None else ffi.NULL,
+            draft_path.encode("utf-8") if draft_path is not None and dparams is not None else ffi.NULL,
             bool(verbose), status))
     ts_set = ctypes.cast(mparams.tensor_split, ctypes.c_void_p).value == ctypes.addressof(split)
     tbo_set = (mparams.tensor_buft_overrides or 0) == ctypes.addressof(overrides)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from typing import BinaryIO, Dict, Iterable
 
-__all__ = ["read_keys", "check_complete", "nextn_layers", "architecture"]
+__all__ = ["read_keys", "tensor_shapes", "check_complete", "nextn_layers", "architecture"]
 
 # GGUF value types -> struct format of one scalar (8: string, 9: array)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -125,6 +125,22 @@ def read_keys(path: str, keys: Iterable[str]) -> Dict[str, object]:
             if key in wanted and value is not None:
                 found[key] = value
     return found
+
+
+def tensor_shapes(path: str) -> Dict[str, tuple]:
+    """Every tensor's name and dimensions (ggml's ``ne``, the row length first), from the
+    file's tensor table; the data is not read. ``ValueError`` as :func:`read_keys`."""
+    with open(path, "rb") as f:
+        n_tensors, n_kv = _open_header(f)
+        for _ in range(n_kv):
+            key = _string(f)
+            _value(f, key, _u32(f))
+        out: Dict[str, tuple] = {}
+        for _ in range(n_tensors):
+            name = _string(f)
+            out[name] = tuple(_u64(f) for _ in range(_u32(f)))
+            f.seek(12, 1)  # the type (u32) and the data offset (u64)
+    return out
 
 
 def nextn_layers(path: str) -> tuple:

@@ -105,16 +105,22 @@ def cost_options(context_params, model_params) -> dict:
     return out
 
 
+def file_key(path: str) -> list:
+    """A file as a saved figure knows it: its real path, size and modification time."""
+    st = os.stat(path)
+    return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
+
+
 def cost_key(model_path: str, context: dict, extra: Optional[dict] = None) -> dict:
-    """What a saved curve belongs to: the model file (real path, size, modification time), the
+    """What a saved curve belongs to: the model file (:func:`file_key`), the
     native build key, ``context`` (the options that change a decode's cost: threads, batch sizes,
-    KV types, devices, ...), ``extra`` and the host (name, CPUs, the cores this process may use)."""
-    st = os.stat(model_path)
+    KV types, devices, ...), ``extra`` (a draft model's own file, ...) and the host (name, CPUs,
+    the cores this process may use)."""
     try:
         cores = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = None
-    return dict(model=[os.path.realpath(model_path), st.st_size, st.st_mtime_ns], build=_build_key(),
+    return dict(model=file_key(model_path), build=_build_key(),
                 context=context, extra=extra or {},
                 host=[platform.node(), platform.machine(), os.cpu_count(), cores])
 
@@ -279,12 +285,10 @@ def _write(path: Path, key: dict, curves: Curves) -> None:
 
 
 def acceptance_key(model_path: str, draft: Optional[dict] = None) -> dict:
-    """What a saved acceptance belongs to: the model file (real path, size, modification time; the
-    MTP head is in it) and ``draft`` (the options that change what a draft is: ``p_min``, a
-    synthetic acceptance)."""
-    st = os.stat(model_path)
-    return dict(kind="acceptance", model=[os.path.realpath(model_path), st.st_size, st.st_mtime_ns],
-                draft=draft or {})
+    """What a saved acceptance belongs to: the model file (:func:`file_key`; the MTP head is in it,
+    or ``draft`` names its own file) and ``draft`` (the options that change what a draft is:
+    ``p_min``, a synthetic acceptance, a draft model's file)."""
+    return dict(kind="acceptance", model=file_key(model_path), draft=draft or {})
 
 
 def _acceptance_path(key: dict) -> Optional[Path]:

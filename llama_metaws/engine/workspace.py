@@ -149,15 +149,17 @@ class Workspace:
             self.shared = True
 
     def stats(self) -> List[WorkspaceEntry]:
-        """Each distinct compute buffer type of the pair, a shared entry listed once."""
+        """Each distinct compute buffer type of the pair, a shared entry listed once (a draft of
+        another model split over the same devices has a meta buffer type of its own, named as the
+        target's, whose shared entry is the target's)."""
         out: List[WorkspaceEntry] = []
         shared_keys = set()
         for key, entry in _entries(self.target, "target"):
             out.append(entry)
             if entry.shared:
-                shared_keys.add(key)
+                shared_keys.update((key, entry.buffer_type))
         for key, entry in _entries(self.draft, "draft"):
-            if key not in shared_keys or not entry.shared:
+            if not entry.shared or (key not in shared_keys and entry.buffer_type not in shared_keys):
                 out.append(entry)
         return out
 
