@@ -28,7 +28,7 @@ SANITIZE_ENV := $(SANITIZE_MANIFEST) \
 # (a C++ program) runs with detect_leaks=1.
 # no_huge_pages_for_shadow=0: the meta backend's 368 MiB tensor contexts (two per device in
 # each meta buffer) cost ASan a shadow of 46 MiB each to poison; on huge pages a tensor-split
-# request runs 3-4x faster. The sweep samples every 10th allocation index and the last one
+# request runs several times faster (bench/BENCHMARKS.md). The sweep samples every 10th allocation index and the last one
 # (make test walks them all).
 SANITIZE_TESTS := tests/test_workspace.py tests/test_tensor_split.py tests/test_faults.py \
 	tests/test_memory_pressure.py tests/test_host_kv.py tests/test_sweep.py \
@@ -65,7 +65,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest -ra $(PYTEST_ISOLATION) -m "not peer" tests
 
-# The package as a user installs it (README, "Installing with pip"): python -m build, twine
+# The package as a user installs it (docs/installation.md, "With pip"): python -m build, twine
 # check, the sdist into a fresh venv in a temporary directory with one pip command, then
 # llama-metaws demo and a smoke subset of the tests against the installed package (.ci/package_check.sh;
 # the native build is a hit of the cache key when make setup built the same inputs).
@@ -81,13 +81,13 @@ server-suite: setup
 
 # llama.cpp's test-llama-archs (and our workspace lifecycle in it), built with the vendored CMake
 # once per build key, linked against the build's installed ggml and llama (only the common
-# library and the test are compiled: 7.6 minutes cold on 2 cores): tests/test_llama_archs.py
+# library and the test are compiled): tests/test_llama_archs.py
 peer-tests: setup
 	$(PY) -m pytest -ra $(PYTEST_ISOLATION) -m peer tests
 
 # The patch series is bisectable: each patch applied in turn to the vendored llama.cpp, the
-# libraries built and llama.cpp's test-alloc run after each (llama_metaws/native/series.py; the
-# README says how long it takes). ccache makes a repeated run mostly cache hits: it is installed
+# libraries built and llama.cpp's test-alloc run after each (llama_metaws/native/series.py;
+# bench/BENCHMARKS.md records how long it took). ccache makes a repeated run mostly cache hits: it is installed
 # with apt-get when missing (as root, or through sudo).
 series-check: $(VENV)/.deps
 	@command -v ccache >/dev/null 2>&1 || $(MAKE) --no-print-directory install-ccache
@@ -109,7 +109,7 @@ sanitize: $(VENV)/.deps
 	CMAKE_ARGS="$(SANITIZE_CMAKE_ARGS)" $(SANITIZE_MANIFEST) $(VENV)/bin/llama-metaws build
 	$(SANITIZE_ENV) $(PY) -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS)
 
-# The GPU run kit (README.md, "The GPU run kit"): made here, run offline on an NVIDIA machine.
+# The GPU run kit (docs/gpu-kit.md): made here, run offline on an NVIDIA machine.
 gpu-kit: $(VENV)/.deps
 	$(VENV)/bin/llama-metaws gpu-kit --out build/gpu-kit
 

@@ -4,7 +4,7 @@
 #   1. `python -m build` makes the sdist and, from it, the wheel; `twine check --strict` on both;
 #   2. a fresh virtual environment in a temporary directory, and from a cwd there (no checkout on
 #      sys.path) one pip command: the sdist with its server and test extras, CMAKE_ARGS with the
-#      binding's -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF (README, "Installing with pip");
+#      binding's -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF (docs/installation.md, "With pip");
 #   3. the installed package: imported from the venv, the binding without a native library of its
 #      own, one libllama loaded (the wheel's), `llama-metaws build` in the installed package;
 #   4. `llama-metaws demo`, then a smoke subset of the sdist's tests against the installed package:

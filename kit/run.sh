@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The llama-metaws GPU run kit's one command (made by `llama-metaws gpu-kit`; README.md, "The
-# GPU run kit"). On a machine with an NVIDIA GPU and no network, from this folder alone:
+# The llama-metaws GPU run kit's one command (made by `llama-metaws gpu-kit`; docs/gpu-kit.md).
+# On a machine with an NVIDIA GPU and no network, from this folder alone:
 #
 #   preflight  the machine: GPUs, nvcc, cuBLAS, the driver library, cmake, a C compiler, Python.h
 #   install    the wheels in wheels/ with pip --no-index (nothing is fetched)

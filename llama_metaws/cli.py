@@ -88,7 +88,8 @@ def _default_model() -> Path:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """Devices, a short MTP completion, then the seed's table on the embedded tiny model."""
+    """Devices, a short MTP completion, then the workspace modes compared (memory per device) on the
+    embedded tiny model."""
     from .tools import vram
     from .llama import Llama
 
@@ -104,7 +105,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         print(f"draft acceptance {llm.draft_stats.last.acceptance:.1%}; shared workspace: " + ", ".join(
             f"{e.buffer_type} {e.allocated:,} B (alias={e.alias})" for e in llm.workspace_stats()))
 
-    print("\nthe seed's comparison, each configuration in its own process "
+    print("\nthe workspace modes compared (memory per device), each configuration in its own process "
           "(unsafe-shared is expected to die with GGML_ASSERT(tensor)):", flush=True)
     records = vram.run_configurations(model=str(model_path), devices=devices)
     print(vram.format_table(records))
@@ -242,10 +243,10 @@ def make_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("demo", help="the main job on the embedded default model",
                        description="List the devices, complete a prompt with the tiny MTP model under "
-                       "tensor split with MTP drafting and the workspace, then run the seed's "
-                       "configurations (no workspace, unsafe-shared, private-meta, alias; alias under "
-                       "layer split) each in its own process and print the table (and a plot when "
-                       "matplotlib is installed).")
+                       "tensor split with MTP drafting and the workspace, then compare the workspace modes "
+                       "(no workspace, unsafe-shared, private-meta, alias; alias under layer split), each "
+                       "configuration in its own process, and print memory per device, tokens/s and draft "
+                       "acceptance (and a plot of memory over time when matplotlib is installed).")
     m.add_argument("-m", "--model", help="GGUF model with nextn layers (default: the tiny one)")
     m.add_argument("--device", "-dev", default="CPU,CPU",
                    help="comma-separated device names, as llama.cpp prints them (default CPU,CPU)")
@@ -271,7 +272,7 @@ def make_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_repro)
 
     vr = sub.add_parser("vram", allow_abbrev=False,
-                        help="memory per device over load and requests: the seed's table",
+                        help="the workspace modes compared: memory per device over load and requests",
                         description="Run each configuration in its own process, sample memory per device "
                         "(exact ggml compute bytes; pynvml with --nvidia), print configuration, result, "
                         "tokens/s, draft acceptance and peak per device.")

@@ -1,17 +1,25 @@
+import os
+
 import pytest
 
 import llama_metaws  # noqa: F401  (points llama_cpp at the patched build; import it first)
 from llama_metaws.native.runtime import require_build
+from suite_env import suite_environment
 
-require_build()  # no build for the current inputs: say so before anything imports llama_cpp
+# no build for the current inputs: say so before anything imports llama_cpp
+_BUILD = require_build()
+
+# the suite's own environment, before any test or process it starts (tests/suite_env.py)
+_ENV = suite_environment(os.environ, _BUILD)
+for _name in [k for k in os.environ if k not in _ENV]:
+    del os.environ[_name]
+os.environ.update(_ENV)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _cost_curves(tmp_path_factory):
     """draft_max="auto" saves its measured cost curves (engine.prior): in a folder of the session's,
     never the user's cache (the servers the tests start inherit it)."""
-    import os
-
     from llama_metaws.engine.prior import COSTS_ENV
 
     old = os.environ.get(COSTS_ENV)

@@ -99,6 +99,7 @@ def _serve_pair(server):
     return together, alone
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", MTP_FAMILIES)
 def test_serve_two_slots_draft_and_equal_their_solo_outputs(family_model, tmp_path, arch):
     srv = Server(family_model(arch), "--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "-np", "2",

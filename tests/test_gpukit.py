@@ -18,6 +18,8 @@ import pytest
 from llama_metaws.native import build
 from llama_metaws.tools import gpukit
 
+pytestmark = [pytest.mark.network, pytest.mark.slow]  # pip download of the kit's wheels
+
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
 

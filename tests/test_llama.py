@@ -82,6 +82,7 @@ def _chi2_threshold(df: int, z: float = 3.09) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+@pytest.mark.slow
 def test_sampled_tokens_keep_the_targets_distribution(random_path):
     """First token: chi-square against the target's softmax (p < 0.001 fails). Three tokens, the
     later ones decided with drafts in play: drafting must not change what a seed samples."""

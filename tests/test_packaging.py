@@ -52,6 +52,7 @@ def _read(sdist: Path, name: str) -> str:
         return tar.extractfile(f"{top}/{name}").read().decode()
 
 
+@pytest.mark.network
 def test_the_sdist_holds_everything_the_native_build_reads(sdist):
     names = set(_members(sdist))
     series = [p.name for p in build.read_series(ROOT / "patches")]
@@ -66,6 +67,7 @@ def test_the_sdist_holds_everything_the_native_build_reads(sdist):
     assert not [n for n in names if n.endswith((".so", ".o", ".pyc")) or n.startswith("build/")]
 
 
+@pytest.mark.network
 def test_the_sdist_metadata_is_complete(sdist):
     meta = email.parser.Parser().parsestr(_read(sdist, "PKG-INFO"))
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -85,6 +87,7 @@ def test_the_sdist_metadata_is_complete(sdist):
     assert any(r.startswith("cffi") for r in requires) and any(r.startswith("cmake") for r in requires)
 
 
+@pytest.mark.network
 def test_serve_s_chat_page_is_in_the_sdist_and_in_the_wheel_pip_builds_from_it(sdist, tmp_path):
     page = "llama_metaws/server/ui/index.html"
     assert page in _members(sdist)
@@ -122,8 +125,11 @@ def _installed_layout(site: Path) -> Path:
 
 
 def _clean_env(site: Path, **extra) -> dict:
+    """The installed layout's environment: no checkout's manifest or sources, no library path; the
+    suite's CMAKE_ARGS (tests/suite_env.py: the arguments the build under test was made with, which
+    the bundled copy of it was made with too) stay, so ``build`` there computes that build's key."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("LLAMA_METAWS_MANIFEST", "LLAMA_METAWS_SOURCE_ROOT", "CMAKE_ARGS", "LLAMA_CPP_LIB_PATH")}
+           if k not in ("LLAMA_METAWS_MANIFEST", "LLAMA_METAWS_SOURCE_ROOT", "LLAMA_CPP_LIB_PATH")}
     return dict(env, PYTHONPATH=str(site), **extra)
 
 

@@ -211,6 +211,7 @@ def test_a_reused_prefix_gives_the_tokens_of_a_fresh_prompt_as_llama_server_does
     assert np.array_equal(after_row, fresh_row) and np.array_equal(again_row, fresh_row)
 
 
+@pytest.mark.slow
 def test_serve_answers_a_chat_the_same_whatever_its_slot_held(server):
     def chat(content, **extra):
         status, _, body = server.request("POST", "/v1/chat/completions", {

@@ -70,11 +70,10 @@ def test_a_non_ascii_api_key_is_checked_not_a_500(server):
 
 def test_a_body_beyond_the_limit_is_a_413_without_reading_it(server):
     limit = 16 << 20  # the default --max-body-size
-    t0 = time.monotonic()
+    # no body is sent: a server that waited for it would never answer (the client's timeout fails)
     status, headers, data = server.request("POST", "/v1/completions", None, headers=_auth(**{
-        "Content-Type": "application/json", "Content-Length": str(limit + 1)}), timeout=20)
+        "Content-Type": "application/json", "Content-Length": str(limit + 1)}), timeout=60)
     assert status == 413 and json.loads(data)["error"]["code"] == "body_too_large"
-    assert time.monotonic() - t0 < 10  # answered at once: the body was never sent
     # a body without a length (chunked) is cut off at the limit too
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     try:
@@ -105,6 +104,14 @@ def _deferred(server) -> float:
     return float(line.split()[1])
 
 
+def _until(condition, what: str, limit_s: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; the limit only catches a hang."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
 def test_a_too_long_prompt_is_refused_before_it_queues(server):
     """It is tokenized when it comes, not on the model's thread once its turn comes: with the
     model busy and the queue full (--queue-size 1), a too-long prompt is a 400, not a 503."""
@@ -113,10 +120,7 @@ def test_a_too_long_prompt_is_refused_before_it_queues(server):
     t = threading.Thread(target=lambda: waiting.setdefault("conn", _long_stream(server)), daemon=True)
     t.start()
     try:
-        deadline = time.monotonic() + 10
-        while _deferred(server) < 1:
-            assert time.monotonic() < deadline, "the second request did not queue"
-            time.sleep(0.05)
+        _until(lambda: _deferred(server) >= 1, "the second request did not queue")
         status, res = server.json("POST", "/v1/completions", {"prompt": "the quick brown fox " * 3000,
                                                               "max_tokens": 2}, headers=_auth())
         assert status == 400 and res["error"]["code"] == "context_length_exceeded", res
@@ -141,8 +145,8 @@ def test_a_request_cancelled_while_it_waits_gives_its_place_back(server):
 
         t = threading.Thread(target=waiter)
         t.start()
-        t.join(timeout=30)
-        time.sleep(1.5)  # the server notices a gone client within its poll (0.5 s)
+        t.join(timeout=60)
+        _until(lambda: _deferred(server) == 0, "the gone client still holds its place in the queue")
         result = {}
 
         def next_client():
@@ -151,8 +155,9 @@ def test_a_request_cancelled_while_it_waits_gives_its_place_back(server):
 
         t = threading.Thread(target=next_client)
         t.start()
-        t.join(timeout=3)  # it waits (the model is busy) instead of a 503 at once
-        assert t.is_alive() or result["answer"][0] != 503, result
+        # it waits in the place given back (the model is busy) instead of a 503 at once
+        _until(lambda: _deferred(server) == 1 or "answer" in result, "the next client neither queued nor was answered")
+        assert result.get("answer", (None,))[0] != 503, result
     finally:
         busy.close()
     t.join(timeout=CLIENT_TIMEOUT_S)

@@ -357,6 +357,7 @@ class WorkspaceMachine(RuleBasedStateMachine):
             self.generations[key] = generation
 
 
+@pytest.mark.slow
 def test_random_sequences_keep_outputs_memory_and_generations(resources):
     WorkspaceMachine.res = resources
     WorkspaceMachine.seen.clear()

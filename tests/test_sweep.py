@@ -182,6 +182,7 @@ def _child_env():
     return env, asan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split,mode", CONFIGS, ids=[f"{s}-{m}" for s, m in CONFIGS])
 def test_every_allocation_a_request_reaches_can_fail(mtp_path, split, mode):
     stride = _stride()

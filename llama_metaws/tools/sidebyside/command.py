@@ -31,7 +31,8 @@ def parser() -> argparse.ArgumentParser:
                    help="trunk layers, a multiple of 4 (default: as many as the budget and the memory allow)")
     p.add_argument("--dtype", choices=("q8_0", "f16"), default=d.dtype)
     p.add_argument("--acceptance", type=float, default=d.acceptance,
-                   help=f"the synthetic draft acceptance (default {d.acceptance}, the seed's): "
+                   help=f"the synthetic draft acceptance (default {d.acceptance}, what the upstream pull request "
+                   "this project is built from measured; docs/gpu-kit.md): "
                    "--spec-synth-len 1 + acceptance x draft-max on both servers")
     p.add_argument("--draft-max", type=int, default=d.draft_max)
     p.add_argument("-n", "--n-predict", type=int, default=d.n_predict)

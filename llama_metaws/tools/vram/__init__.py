@@ -1,8 +1,8 @@
-"""Memory over time per device: a sampler, the seed's configurations, their table and plot.
+"""Memory over time per device: a sampler, the workspace modes' configurations, their table and plot.
 
 ``llama-metaws vram`` runs each configuration (split mode x workspace mode) in its own
-subprocess, samples memory per device over model load and the requests, and prints the seed's
-table. What is measured and how exact each figure is: docs/vram.md. The modules, one concern
+subprocess, samples memory per device over model load and the requests, and prints the
+comparison of the workspace modes: memory per device. What is measured and how exact each figure is: docs/vram.md. The modules, one concern
 each:
 
 - ``sources``: the process's RSS, NVIDIA GPUs through pynvml;
@@ -10,7 +10,7 @@ each:
 - ``sampler``: :class:`Sampler`, the background thread, phases, :class:`Report`;
 - ``harness``: the configurations, the child process that runs one, the parent's records;
 - ``report``: the table and the plot;
-- ``hostkv``: the seed's second table, host-resident KV under tensor split (``--host-kv``);
+- ``hostkv``: the second table, host-resident KV under tensor split (``--host-kv``);
 - ``command``: ``llama-metaws vram``'s flags and run.
 """
 

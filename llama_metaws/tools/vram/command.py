@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--nvidia", action="store_true", help="sample NVIDIA GPUs with pynvml as well (the nvidia extra)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per configuration (default 600)")
     p.add_argument("--host-kv", action="store_true",
-                   help="the seed's second table instead: the KV caches in host memory (-nkvo) under tensor "
+                   help="host-resident KV instead: the KV caches in host memory (-nkvo) under tensor "
                    "split with draft-mtp and the alias workspace, three requests (short, near -c/-np, short "
                    "follow-up), bytes per buffer type of target KV, draft KV and recurrent state")
     return p

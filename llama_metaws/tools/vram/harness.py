@@ -1,4 +1,4 @@
-"""The seed's configurations, each run in its own process: the child's run and the parent's record."""
+"""The workspace comparison's configurations, each run in its own process: the child's run and the parent's record."""
 
 from __future__ import annotations
 

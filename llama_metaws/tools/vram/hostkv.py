@@ -1,4 +1,4 @@
-"""The seed's second table: host-resident KV under tensor split, with the MTP draft and the workspace.
+"""The second table of ``llama-metaws vram``: host-resident KV under tensor split, with the MTP draft and the workspace.
 
 ``llama-metaws vram --host-kv`` runs one configuration in a child process: tensor split with
 ``offload_kqv=False`` (llama.cpp's ``-nkvo``: the target's and the draft's KV caches in host
@@ -121,7 +121,7 @@ def run_host_kv(*, model: str, devices: Sequence[str], prompt: str, n_ctx: int =
 
 
 def format_host_kv(record: dict) -> str:
-    """The seed's second table: bytes per buffer type, then one line per request."""
+    """The host-KV table: bytes per buffer type, then one line per request."""
     lines = [f"{record['name']}: {record['result']}" + (f" ({record['message']})" if record["message"] else "")]
     mem = [(what, buft, b) for what, per in record.get("memory", {}).items() for buft, b in per.items()]
     rows = [("memory (ggml's accounting)", "buffer type", "bytes", "")]

@@ -1,4 +1,4 @@
-"""The seed's table and the plot of memory over time, from the harness's records."""
+"""The workspace comparison's table and the plot of memory over time, from the harness's records."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _label(key: str, records: Sequence[dict]) -> str:
 
 
 def format_table(records: Sequence[dict]) -> str:
-    """The seed's table: configuration, result, tokens/s, draft acceptance, peak per device."""
+    """The workspace comparison's table: configuration, result, tokens/s, draft acceptance, peak per device."""
     dev, nv = _keys(records)
     head = ["configuration", "result", "tokens/s", "draft acceptance"]
     head += [f"peak compute {k}" for k in dev]
