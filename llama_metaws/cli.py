@@ -79,7 +79,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 def _default_model() -> Path:
     """The embedded default: the tiny MTP model, made once into the cache."""
-    from .native.build import cache_root
+    from .paths import cache_root
     from .testing import make_tiny_mtp_model
 
     path = cache_root() / "models" / "tiny-qwen35-mtp-agreement-0.8.gguf"

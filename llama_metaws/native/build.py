@@ -43,11 +43,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
-SDIST_PROJECT = "llama-cpp-python"
-SDIST_VERSION = "0.3.36"
-SDIST_FILENAME = "llama_cpp_python-0.3.36.tar.gz"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-VENDOR_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+from ..paths import SDIST_FILENAME, SDIST_PROJECT, SDIST_SHA256, SDIST_VERSION, VENDOR_PREFIX, cache_root  # noqa: F401
 
 # Bump when the steps below change in a way that changes what they produce.
 RECIPE_VERSION = 1
@@ -118,15 +114,6 @@ def source_root() -> Path:
         "from its source checkout (`pip install -e .`) or from its sdist (`pip install "
         "llama_metaws-*.tar.gz`), or set LLAMA_METAWS_SOURCE_ROOT"
     )
-
-
-def cache_root() -> Path:
-    """``LLAMA_METAWS_CACHE``, else ``$XDG_CACHE_HOME/llama-metaws`` (``~/.cache``)."""
-    env = os.environ.get("LLAMA_METAWS_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "llama-metaws"
 
 
 # --------------------------------------------------------------------------------------------

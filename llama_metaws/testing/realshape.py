@@ -225,7 +225,7 @@ def mtp_model_path(**kwargs: object) -> Path:
     import hashlib
     import json
 
-    from ..native.build import cache_root
+    from ..paths import cache_root
 
     args = _mtp_model_args(**{**BENCH_SHAPE, "agreement": 1.0, "dtype": "f16", "seed": 0, **kwargs})
     digest = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
