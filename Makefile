@@ -46,12 +46,13 @@ PYTEST_ISOLATION := -n 1 --max-worker-restart=50
 
 .PHONY: setup build demo test package-check server-suite peer-tests series-check install-ccache bench sanitize clean-build gpu-kit gpu-kit-dry-run
 
-$(VENV)/.deps: pyproject.toml
+$(VENV)/.deps: pyproject.toml dev/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	CMAKE_ARGS="$(BINDING_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
 	$(PY) -m pip install --quiet cmake ninja setuptools build twine
 	$(PY) -m pip install --quiet -e ".[test,plot,suite]"
+	$(PY) -m pip install --quiet --no-deps -e dev
 	touch $@
 
 setup: $(VENV)/.deps build
@@ -86,12 +87,12 @@ peer-tests: setup
 	$(PY) -m pytest -ra $(PYTEST_ISOLATION) -m peer tests
 
 # The patch series is bisectable: each patch applied in turn to the vendored llama.cpp, the
-# libraries built and llama.cpp's test-alloc run after each (llama_metaws/native/series.py;
+# libraries built and llama.cpp's test-alloc run after each (dev/llama_metaws_dev/series.py;
 # bench/BENCHMARKS.md records how long it took). ccache makes a repeated run mostly cache hits: it is installed
 # with apt-get when missing (as root, or through sudo).
 series-check: $(VENV)/.deps
 	@command -v ccache >/dev/null 2>&1 || $(MAKE) --no-print-directory install-ccache
-	$(PY) -m llama_metaws.native.series
+	$(VENV)/bin/llama-metaws-dev series-check
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 install-ccache:
@@ -111,11 +112,11 @@ sanitize: $(VENV)/.deps
 
 # The GPU run kit (docs/gpu-kit.md): made here, run offline on an NVIDIA machine.
 gpu-kit: $(VENV)/.deps
-	$(VENV)/bin/llama-metaws gpu-kit --out build/gpu-kit
+	$(VENV)/bin/llama-metaws-dev gpu-kit --out build/gpu-kit
 
 # The kit's run.sh --cpu into a fresh venv with no network: proves the kit self-contained.
 gpu-kit-dry-run: $(VENV)/.deps
-	$(VENV)/bin/llama-metaws gpu-kit --out build/gpu-kit-dry --dry-run
+	$(VENV)/bin/llama-metaws-dev gpu-kit --out build/gpu-kit-dry --dry-run
 
 clean-build:
 	rm -rf "$${LLAMA_METAWS_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/llama-metaws}/builds"

@@ -23,14 +23,15 @@ HERE = Path(__file__).resolve().parent
 
 @functools.lru_cache(maxsize=None)
 def _package_module():
-    """``llama_metaws.native.package`` (with its ``build`` and ``manifest``) from this tree,
-    under a private package name: the real package's ``__init__`` is never run."""
-    name = "_llama_metaws_setup_native"
-    if name not in sys.modules:
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [str(HERE / "llama_metaws" / "native")]
-        sys.modules[name] = pkg
-    spec = importlib.util.find_spec(f"{name}.package")
+    """``llama_metaws.native.package`` (with its ``build``, ``manifest`` and ``llama_metaws.paths``)
+    from this tree, under a private package name: the real package's ``__init__`` is never run."""
+    name = "_llama_metaws_setup"
+    for sub, folder in ((name, HERE / "llama_metaws"), (f"{name}.native", HERE / "llama_metaws" / "native")):
+        if sub not in sys.modules:
+            pkg = types.ModuleType(sub)
+            pkg.__path__ = [str(folder)]
+            sys.modules[sub] = pkg
+    spec = importlib.util.find_spec(f"{name}.native.package")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

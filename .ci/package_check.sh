@@ -2,13 +2,16 @@
 # make package-check: llama-metaws installed the way a user installs it, and used from there.
 #
 #   1. `python -m build` makes the sdist and, from it, the wheel; `twine check --strict` on both;
+#      the wheel carries what users run and none of the developer package (dev/: the tests'
+#      builders, the process helpers, the GPU run kit, the series check, the tools build, repro);
 #   2. a fresh virtual environment in a temporary directory, and from a cwd there (no checkout on
 #      sys.path) one pip command: the sdist with its server and test extras, CMAKE_ARGS with the
 #      binding's -DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF (docs/installation.md, "With pip");
 #   3. the installed package: imported from the venv, the binding without a native library of its
 #      own, one libllama loaded (the wheel's), `llama-metaws build` in the installed package;
-#   4. `llama-metaws demo`, then a smoke subset of the sdist's tests against the installed package:
-#      Llama with MTP drafting under tensor split, `serve` answering requests, `repro`.
+#   4. `llama-metaws demo`, then the developer package from the sdist's dev/ (the tests need it) and
+#      a smoke subset of the sdist's tests against the installed package: Llama with MTP drafting
+#      under tensor split, `serve` answering requests, `llama-metaws-dev repro`.
 # The native build may be a hit of the cache key (~/.cache/llama-metaws/builds, LLAMA_METAWS_CACHE).
 # Usage: .ci/package_check.sh [PYTHON]   (the interpreter of the fresh venv; default python3)
 # PYTEST_ISOLATION (make package-check sets it to the Makefile's): pytest's options for the smoke
@@ -26,7 +29,20 @@ step "1/4 python -m build (sdist, then the wheel from it), twine check"
 "$BUILDER" -m build --outdir "$TMP/dist" "$ROOT"
 "$BUILDER" -m twine check --strict "$TMP"/dist/*
 SDIST=$(ls "$TMP"/dist/llama_metaws-*.tar.gz)
+WHEEL=$(ls "$TMP"/dist/llama_metaws-*.whl)
 ls -l "$TMP"/dist
+"$BUILDER" - "$WHEEL" <<'EOF'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+# the developer package's modules, by the names they have (and had) in the checkout
+dev = [n for n in names if n.startswith("llama_metaws_dev/") or n.startswith("llama_metaws/testing/")
+       or n.rsplit("/", 1)[-1] in ("gpukit.py", "series.py", "tools_build.py", "repro.py")
+       or "/sidebyside/" in n or n.startswith("tests/") or n.startswith("dev/")]
+assert not dev, f"the wheel carries developer code: {dev}"
+py = [n for n in names if n.endswith(".py")]
+assert "llama_metaws/demo/model.py" in py and "llama_metaws/cli/__init__.py" in py, py
+print(f"the wheel: {len(py)} Python modules, none of the developer package")
+EOF
 
 step "2/4 one pip install of the sdist into a fresh venv ($BASE_PYTHON), cwd $TMP/cwd"
 mkdir "$TMP/cwd"
@@ -63,7 +79,8 @@ EOF
 
 step "4/4 llama-metaws demo, then the smoke tests against the installed package"
 "$V/llama-metaws" demo
-tar -xzf "$SDIST" -C "$TMP" --wildcards '*/tests/*'
+tar -xzf "$SDIST" -C "$TMP" --wildcards '*/tests/*' '*/dev/*'
+"$V/python" -m pip install --quiet --no-deps "$(ls -d "$TMP"/llama_metaws-*/dev)"   # not editable: from the sdist
 cp -r "$TMP"/llama_metaws-*/tests "$TMP/cwd/tests"   # the tests alone: no package beside them
 # shellcheck disable=SC2086  # PYTEST_ISOLATION: make's options for pytest, word-split on purpose
 "$V/python" -m pytest -q -p no:cacheprovider -rfE ${PYTEST_ISOLATION:-} \

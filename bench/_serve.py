@@ -25,7 +25,7 @@ def llama_tools() -> Dict[str, Path]:
     when the cache has none for the current inputs: ``{target: path}``."""
     import sys
 
-    from llama_metaws.native import tools_build
+    from llama_metaws_dev import tools_build
 
     tools = tools_build.find_tools()
     if tools is None:

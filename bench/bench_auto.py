@@ -1,6 +1,6 @@
 """``draft_max="auto"`` from the first request of a fresh process, next to no drafting and every fixed k.
 
-One run, interleaved, side by side, on models from ``llama_metaws.testing.make_mtp_model`` (the
+One run, interleaved, side by side, on models from ``llama_metaws_dev.testing.make_mtp_model`` (the
 bench shape; cached) at several agreement rates. Every configuration is a child process of its
 own that loads the model and runs ONE request, the measured one (no warm-up: what a fresh
 process gives its first client), pinned to the last core(s):
@@ -87,7 +87,7 @@ def run_child(model: Path, name: str, a: argparse.Namespace, costs: str) -> dict
 
 def shape_of(a: argparse.Namespace) -> dict:
     """The model shape: the bench shape (``BENCH_SHAPE``) with the sizes given on the command line."""
-    from llama_metaws.testing import BENCH_SHAPE
+    from llama_metaws_dev.testing import BENCH_SHAPE
 
     return dict(BENCH_SHAPE, **{k: v for k, v in (("n_embd", getattr(a, "n_embd", None)),
                                                  ("n_layer", getattr(a, "n_layer", None)),
@@ -95,7 +95,7 @@ def shape_of(a: argparse.Namespace) -> dict:
 
 
 def measure(a: argparse.Namespace) -> dict:
-    from llama_metaws.testing import make_mtp_model
+    from llama_metaws_dev.testing import make_mtp_model
 
     models = {ag: make_mtp_model(agreement=ag, dtype=a.dtype, **shape_of(a)) for ag in a.agreements}
     results: Dict[float, Dict[str, List[dict]]] = {ag: {} for ag in a.agreements}

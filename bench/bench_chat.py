@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _serve  # noqa: E402
-from llama_metaws.testing.chat_tools import TIME, WEATHER  # noqa: E402
+from llama_metaws_dev.testing.chat_tools import TIME, WEATHER  # noqa: E402
 
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
@@ -112,10 +112,10 @@ def main(argv=None) -> int:
                    help="a llama-server built from the same patched tree (default: this build's, from --tools)")
     a = p.parse_args(argv)
 
-    from llama_metaws.native import tools_build
+    from llama_metaws_dev import tools_build
     from llama_metaws.native.runtime import require_build
-    from llama_metaws.testing import EOS_TOKEN, N_VOCAB, make_tiny_mtp_model
-    from llama_metaws.testing.vocab import chat_vocab
+    from llama_metaws_dev.testing import EOS_TOKEN, N_VOCAB, make_tiny_mtp_model
+    from llama_metaws.demo.vocab import chat_vocab
 
     tools = {"llama-server": Path(a.llama_server)} if a.llama_server else tools_build.find_tools()
     if tools is None:

@@ -204,7 +204,7 @@ def run_cell(port: int, name: str, n: int, texts: List[str], a: argparse.Namespa
 def measure(a: argparse.Namespace, keep: Optional[Callable[[dict], None]] = None) -> dict:
     """Every cell of every round; ``keep`` gets the measurements so far after each cell (--json
     writes them: a run stopped part-way keeps its cells for --render)."""
-    from llama_metaws.testing import make_mtp_model
+    from llama_metaws_dev.testing import make_mtp_model
 
     tools = _serve.llama_tools()
     model = make_mtp_model(agreement=a.agreement, dtype=a.dtype)

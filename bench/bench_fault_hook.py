@@ -47,7 +47,7 @@ def child(n_tokens: int) -> dict:
     import llama_metaws  # noqa: F401  (the build, before llama_cpp)
     from llama_metaws import Llama
     from llama_metaws.native.runtime import require_build
-    from llama_metaws.testing import make_tiny_mtp_model
+    from llama_metaws_dev.testing import make_tiny_mtp_model
 
     b = require_build()
     base = ctypes.CDLL(str(b.lib_dir / "libggml-base.so"))

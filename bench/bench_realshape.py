@@ -1,6 +1,6 @@
 """Real-shape speed: the plugin's MTP drafting next to llama.cpp's own draft-mtp, at Qwen's vocabulary.
 
-One run, interleaved, side by side, on models from ``llama_metaws.testing.make_mtp_model`` (the
+One run, interleaved, side by side, on models from ``llama_metaws_dev.testing.make_mtp_model`` (the
 default bench shape: qwen35, 28 trunk layers of width 1024, n_ff 3072, 151,936 tokens, one NextN
 block; cached by its arguments) at several agreement rates:
 
@@ -260,7 +260,7 @@ def _med(xs: List[float]) -> float:
 
 
 def measure(a: argparse.Namespace) -> dict:
-    from llama_metaws.testing import BENCH_SHAPE, make_mtp_model
+    from llama_metaws_dev.testing import BENCH_SHAPE, make_mtp_model
 
     tools = _serve.llama_tools()
     shape = dict(BENCH_SHAPE, n_vocab=a.n_vocab, n_embd=a.n_embd, n_layer=a.n_layer, n_ff=a.n_ff)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401
 from llama_metaws import Llama  # noqa: E402
-from llama_metaws.testing import N_VOCAB, generate_n, make_mtp_model  # noqa: E402
+from llama_metaws_dev.testing import N_VOCAB, generate_n, make_mtp_model  # noqa: E402
 
 import _doc  # noqa: E402
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401
 from llama_metaws import Llama  # noqa: E402
-from llama_metaws.testing import free_port, make_tiny_mtp_model, start_rpc_server, stop_process  # noqa: E402
+from llama_metaws_dev.testing import free_port, make_tiny_mtp_model, start_rpc_server, stop_process  # noqa: E402
 
 import _doc  # noqa: E402
 

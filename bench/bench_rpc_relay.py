@@ -34,7 +34,7 @@ REQUESTS = 3
 def _child(variant: str, n_tokens: int) -> None:
     import llama_metaws  # noqa: F401
     from llama_metaws import Llama
-    from llama_metaws.testing import free_port, make_tiny_mtp_model, start_rpc_server, stop_process
+    from llama_metaws_dev.testing import free_port, make_tiny_mtp_model, start_rpc_server, stop_process
 
     path = str(make_tiny_mtp_model(Path(tempfile.gettempdir()) / "bench-rpc-mtp.gguf", seed=31, agreement=0.8))
     procs = [start_rpc_server(free_port(), stderr=subprocess.DEVNULL) for _ in range(2)]

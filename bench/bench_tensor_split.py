@@ -4,7 +4,7 @@ The seed's comparison on the CPU test bed: the tiny qwen35 MTP model, ``split_mo
 ``CPU,CPU``, two sequences (``-np 2``), MTP drafting. One pair of contexts per mode, requests
 interleaved. Per device, the meta compute bytes (exact, ggml accounting: a meta buffer holds
 its size on every device) at their peak over a request, the tokens/s ratio (median) and the
-draft acceptance. (``unsafe-shared`` is not timed: it aborts; see ``llama-metaws repro``.)
+draft acceptance. (``unsafe-shared`` is not timed: it aborts; see ``llama-metaws-dev repro``.)
 Writes the table it prints into bench/BENCHMARKS.md.
 
     .venv/bin/python bench/bench_tensor_split.py [--runs 9] [--tokens 32]
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401  (the patched build, before llama_cpp)
 from llama_metaws.engine.contexts import load_model, new_context  # noqa: E402
-from llama_metaws.testing import make_tiny_mtp_model  # noqa: E402
+from llama_metaws_dev.testing import make_tiny_mtp_model  # noqa: E402
 from llama_metaws.engine.workspace import Workspace  # noqa: E402
 
 import _doc  # noqa: E402
@@ -86,7 +86,7 @@ def run(runs: int, n_tokens: int, write: bool = True) -> str:
         f"Tiny qwen35 MTP model, `-sm tensor` over `CPU,CPU`, `-np {N_SEQ}`, draft_max {DRAFT_MAX}, "
         f"{runs} interleaved requests per mode (150-token prompt, {n_tokens} generated). "
         f"Outputs identical across modes: {'yes' if same else 'NO'}. "
-        "unsafe-shared is not in the table: it dies with GGML_ASSERT(tensor) (llama-metaws repro).",
+        "unsafe-shared is not in the table: it dies with GGML_ASSERT(tensor) (llama-metaws-dev repro).",
         "",
         "| configuration | result | tokens/s ratio (median, vs off) | draft acceptance | peak meta compute per device (CPU0 = CPU1) |",
         "|---|---|---:|---:|---:|",

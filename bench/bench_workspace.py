@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_metaws  # noqa: E402,F401  (the patched build, before llama_cpp)
 from llama_metaws.engine.contexts import load_model, new_context  # noqa: E402
-from llama_metaws.testing import make_tiny_mtp_model  # noqa: E402
+from llama_metaws_dev.testing import make_tiny_mtp_model  # noqa: E402
 from llama_metaws.engine.workspace import Workspace  # noqa: E402
 
 import _doc  # noqa: E402

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from _doc import publish
 
-from llama_metaws.tools.sidebyside.report import format_markdown
+from llama_metaws_dev.sidebyside.report import format_markdown
 
 MiB = 2**20
 

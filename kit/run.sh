@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The llama-metaws GPU run kit's one command (made by `llama-metaws gpu-kit`; docs/gpu-kit.md).
+# The llama-metaws GPU run kit's one command (made by `llama-metaws-dev gpu-kit`; docs/gpu-kit.md).
 # On a machine with an NVIDIA GPU and no network, from this folder alone:
 #
 #   preflight  the machine: GPUs, nvcc, cuBLAS, the driver library, cmake, a C compiler, Python.h
@@ -38,7 +38,7 @@
 # and KIT_TESTS (pytest's arguments, default the CUDA subset), KIT_VRAM_ARGS (more arguments
 # for llama-metaws vram), KIT_VRAM_RESERVE_S (seconds the tests leave for vram, default 90),
 # KIT_REALSHAPE_ARGS (more arguments for the real-shape step: --layers N, --shape small, ...;
-# python -m llama_metaws.tools.sidebyside --help), KIT_REALSHAPE_RESERVE_S (seconds vram
+# python -m llama_metaws_dev.sidebyside --help), KIT_REALSHAPE_RESERVE_S (seconds vram
 # leaves for it, default 60; it takes what the CUDA subset and vram leave), KIT_CMAKE_ARGS (more
 # CMake arguments), KIT_CUDA_DIRS (more folders to look for cuBLAS in).
 #
@@ -251,9 +251,11 @@ step_preflight() {
 
 step_install() {
     local req
+    local dev
     req=$(tr -d '\n' <"$KIT/repo/pyproject.toml" | grep -o 'version = "[^"]*"' | head -1 | cut -d'"' -f2)
+    dev=$(tr -d '\n' <"$KIT/repo/dev/pyproject.toml" | grep -o 'version = "[^"]*"' | head -1 | cut -d'"' -f2)
     limit "$PY" -m pip install --no-index --find-links "$KIT/wheels" --no-cache-dir --no-compile --progress-bar off \
-        "llama-metaws[nvidia]==$req" "pytest>=7.4" "setuptools>=70" || return 1
+        "llama-metaws[nvidia]==$req" "llama-metaws-dev==$dev" "pytest>=7.4" "setuptools>=70" || return 1
     # llama_cpp loads its library at import: only its version here (the build comes next)
     "$PY" -c 'import importlib.metadata as m, cffi, gguf, pynvml, pytest; print("installed:", ", ".join(n + " " + m.version(n) for n in ("llama-metaws", "llama-cpp-python", "cffi", "gguf", "numpy", "pytest", "nvidia-ml-py")))'
 }
@@ -289,13 +291,13 @@ step_devices() {
     local d
     for d in "${try[@]}"; do
         echo "checking the tensor split over $d: repro --level llama --mode alias"
-        if limit "$PY" -m llama_metaws repro --level llama --mode alias --device "$d" --model "$KIT/models/tiny-qwen35-mtp-agreement-0.8.gguf"; then
+        if limit "$PY" -m llama_metaws_dev repro --level llama --mode alias --device "$d" --model "$KIT/models/tiny-qwen35-mtp-agreement-0.8.gguf"; then
             DEVICES=$d; echo "$d" >"$WORK/devices"; echo "tensor split over $d"; return 0
         fi
     done
     if [ "$n" -eq 1 ]; then
         echo "one GPU listed twice failed: trying two virtual devices (GGML_CUDA_DEVICES=2) CUDA0,CUDA1"
-        if GGML_CUDA_DEVICES=2 limit "$PY" -m llama_metaws repro --level llama --mode alias --device CUDA0,CUDA1 --model "$KIT/models/tiny-qwen35-mtp-agreement-0.8.gguf"; then
+        if GGML_CUDA_DEVICES=2 limit "$PY" -m llama_metaws_dev repro --level llama --mode alias --device CUDA0,CUDA1 --model "$KIT/models/tiny-qwen35-mtp-agreement-0.8.gguf"; then
             export GGML_CUDA_DEVICES=2; echo 2 >"$WORK/virtual"
             DEVICES=CUDA0,CUDA1; echo "$DEVICES" >"$WORK/devices"; echo "tensor split over CUDA0,CUDA1 (virtual)"; return 0
         fi
@@ -338,7 +340,7 @@ step_realshape() {
     local budget=$(( $(left) - 5 ))
     [ "$budget" -lt 5 ] && budget=5
     # shellcheck disable=SC2086
-    limit "$PY" -m llama_metaws.tools.sidebyside --work "$WORK" --out "$OUTDIR/realshape.json" \
+    limit "$PY" -m llama_metaws_dev.sidebyside --work "$WORK" --out "$OUTDIR/realshape.json" \
         --device "$DEVICES" --budget "$budget" "${extra[@]}" ${KIT_REALSHAPE_ARGS:-}
 }
 

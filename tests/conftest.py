@@ -38,13 +38,13 @@ def models_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_mtp_model(models_dir):
-    from llama_metaws.testing import make_tiny_mtp_model
+    from llama_metaws_dev.testing import make_tiny_mtp_model
 
     return make_tiny_mtp_model(models_dir / "tiny-mtp.gguf", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_model(models_dir):
-    from llama_metaws.testing import make_tiny_model
+    from llama_metaws_dev.testing import make_tiny_model
 
     return make_tiny_model(models_dir / "tiny-llama.gguf", seed=0)

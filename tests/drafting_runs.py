@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-from llama_metaws.testing import split_devices
+from llama_metaws_dev.testing import split_devices
 
 #: one thread for every batch: a 2-thread barrier on a loaded 2-core machine costs more than the
 #: tiny models' decodes

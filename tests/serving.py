@@ -13,7 +13,7 @@ import urllib.request
 
 import openai
 
-from llama_metaws.testing import free_port
+from llama_metaws_dev.testing import free_port
 
 CLIENT_TIMEOUT_S = 120  # generous: 2 shared cores
 START_TIMEOUT_S = 180

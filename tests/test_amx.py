@@ -280,7 +280,7 @@ def _greedy_in_a_subprocess(path: Path, extra_bufts: bool) -> dict:
 @pytest.fixture(scope="module", params=list(FTYPES))
 def quantized_model(request, tmp_path_factory) -> Path:
     """A tiny llama quantized by llama.cpp, where the AMX path can run (else the skip says why)."""
-    from llama_metaws.testing import make_tiny_model
+    from llama_metaws_dev.testing import make_tiny_model
 
     if not cpu_has_amx():
         pytest.skip(NO_AMX_CPU)

@@ -24,7 +24,7 @@ class Env:
     """Model files and contexts the cases need, made once."""
 
     def __init__(self, tmp: Path):
-        from llama_metaws.testing import make_tiny_model, make_tiny_mtp_model
+        from llama_metaws_dev.testing import make_tiny_model, make_tiny_mtp_model
 
         self.tmp = tmp
         self.mtp = str(make_tiny_mtp_model(tmp / "bad-mtp.gguf", seed=1, agreement=0.5))
@@ -200,11 +200,11 @@ CASES = [
      r"returned -2 during prompt"),
     ("inject_alloc_failure(-1)", lambda e: __import__("llama_metaws.engine.workspace", fromlist=["x"]).inject_alloc_failure(-1),
      ValueError, r"n must be >= 0"),
-    ("make_tiny_model(arch='nope')", lambda e: __import__("llama_metaws.testing", fromlist=["x"]).make_tiny_model(
+    ("make_tiny_model(arch='nope')", lambda e: __import__("llama_metaws_dev.testing", fromlist=["x"]).make_tiny_model(
         e.tmp / "x.gguf", arch="nope"), ValueError, r"supported"),
-    ("make_tiny_mtp_model(agreement=2.0)", lambda e: __import__("llama_metaws.testing", fromlist=["x"]).make_tiny_mtp_model(
+    ("make_tiny_mtp_model(agreement=2.0)", lambda e: __import__("llama_metaws_dev.testing", fromlist=["x"]).make_tiny_mtp_model(
         e.tmp / "x.gguf", agreement=2.0), ValueError, r"agreement must be"),
-    ("repro.run_case('cuda', 'alias')", lambda e: __import__("llama_metaws.tools.repro", fromlist=["x"]).run_case(
+    ("repro.run_case('cuda', 'alias')", lambda e: __import__("llama_metaws_dev.repro", fromlist=["x"]).run_case(
         "cuda", "alias"), ValueError, r"unknown case"),
     ("Llama.create_completion(grammar='root ::= (') (a grammar that does not parse)",
      lambda e: _complete_with_grammar(e, "root ::= ("), GrammarError, r"the grammar is not valid: expecting '\)'"),
@@ -228,7 +228,7 @@ CASES = [
      r"exit status 2: .*--phase-aware-workspace: the workspace is shared by the target and its MTP draft context"),
     ("llama-metaws serve --workspace-mode unsafe-shared",
      lambda e: _cli("serve", "-m", e.mtp, "--spec-type", "draft-mtp", "--workspace-mode", "unsafe-shared"),
-     SystemExit, r"llama-metaws repro --mode unsafe-shared"),
+     SystemExit, r"llama-metaws-dev repro --mode unsafe-shared"),
     ("Llama(n_gpu_layers='most')", lambda e: _llama(e, n_gpu_layers="most"), ValueError,
      r"n_gpu_layers must be a count of layers \(-1: all\), 'all' or 'auto'"),
     ("Llama(flash_attn='maybe')", lambda e: _llama(e, flash_attn="maybe"), ValueError,

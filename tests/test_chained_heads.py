@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 from llama_metaws import Llama
-from llama_metaws.testing import split_devices
-from llama_metaws.testing.families import FAMILIES, family_plan, make_family_model
+from llama_metaws_dev.testing import split_devices
+from llama_metaws_dev.testing.families import FAMILIES, family_plan, make_family_model
 
 from drafting_runs import KW, MAX_TOKENS, PROMPTS, concurrently, shares_workspace, tokens as _tokens
 

@@ -14,9 +14,9 @@ import pytest
 from llama_metaws import Llama
 from llama_metaws.native.binding import llama_cpp
 from llama_metaws.native.runtime import require_build
-from llama_metaws.testing import make_tiny_model, make_tiny_mtp_model
-from llama_metaws.testing.vocab import CHAT_FAMILIES
-from llama_metaws.testing.chat_tools import TIME, WEATHER
+from llama_metaws_dev.testing import make_tiny_model, make_tiny_mtp_model
+from llama_metaws.demo.vocab import CHAT_FAMILIES
+from llama_metaws_dev.testing.chat_tools import TIME, WEATHER
 
 TEMPLATES = require_build().src_dir / "models" / "templates"
 

@@ -176,7 +176,7 @@ def test_no_template_and_no_model_is_a_value_error_not_an_abort():
 @pytest.fixture(scope="module")
 def qwen_llm(models_dir):
     from llama_metaws import Llama
-    from llama_metaws.testing import make_tiny_model
+    from llama_metaws_dev.testing import make_tiny_model
 
     path = make_tiny_model(models_dir / "chat-layer-qwen.gguf", vocab="chat-qwen")
     with Llama(str(path), n_ctx=512, verbose=False) as llm:

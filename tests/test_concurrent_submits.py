@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from llama_metaws import Llama
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws_dev.testing import make_tiny_mtp_model
 
 KW = dict(n_ctx=4 * 128, n_batch=32, n_ubatch=32, verbose=False)
 PROMPTS = ["the quick brown fox", "a", "jumps over the lazy dog " * 3, "once upon a time"]

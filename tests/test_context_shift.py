@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llama_metaws import Llama
-from llama_metaws.testing import EOS_TOKEN, make_tiny_model
+from llama_metaws_dev.testing import EOS_TOKEN, make_tiny_model
 from serving import Server
 
 N_CTX = 256

@@ -26,11 +26,11 @@ import pytest
 from drafting_runs import KW, MAX_TOKENS, MODES, PROMPTS, concurrently, shares_workspace, tokens
 from llama_metaws import Llama
 from llama_metaws.engine.draft_file import ASSISTANT, NEXTN_HEAD, read_draft_file
-from llama_metaws.testing import make_tiny_mtp_model, split_devices
-from llama_metaws.testing.draft_files import split_mtp_model
-from llama_metaws.testing.families import MTP_FAMILIES, FamilyModelError, family_layout, make_family_model
-from llama_metaws.testing.families.layout import materialize, write
-from llama_metaws.testing.families.gemma4 import gemma4_plan, make_gemma4_pair
+from llama_metaws_dev.testing import make_tiny_mtp_model, split_devices
+from llama_metaws_dev.testing.draft_files import split_mtp_model
+from llama_metaws_dev.testing.families import MTP_FAMILIES, FamilyModelError, family_layout, make_family_model
+from llama_metaws.tools.layouts.layout import materialize, write
+from llama_metaws_dev.testing.families.gemma4 import gemma4_plan, make_gemma4_pair
 from serving import Server
 
 AGREEMENT = 0.75

@@ -19,7 +19,7 @@ import llama_cpp
 from llama_metaws import Llama
 from llama_metaws.engine.drafting import AdaptiveLength
 from llama_metaws.engine.policy import DraftPolicy, FixedCosts, StepCosts, expected_tokens
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws_dev.testing import make_tiny_mtp_model
 
 KW = dict(n_ctx=512, n_batch=64, n_ubatch=64, verbose=False)
 PROMPT = "the quick brown fox jumps over the lazy dog " * 4

@@ -9,7 +9,7 @@ import llama_cpp
 
 from llama_metaws import Llama
 from llama_metaws.engine.drafting import AdaptiveLength, top_probability as _top_probability
-from llama_metaws.testing import generate_n, make_tiny_mtp_model
+from llama_metaws_dev.testing import generate_n, make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
 LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 10 # with 60 tokens out: past n_batch
@@ -211,7 +211,7 @@ def test_draft_max_auto_keeps_the_output(half_path, models_dir):
 def test_draft_max_auto_on_the_command_line():
     import argparse
 
-    from llama_metaws.flags import draft_max_value
+    from llama_metaws.cli.flags import draft_max_value
 
     assert draft_max_value("auto") == "auto" and draft_max_value("4") == 4
     for bad in ("0", "x"):

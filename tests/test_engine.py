@@ -35,7 +35,7 @@ from llama_metaws.engine.schedule import Segment, n_graphs
 from llama_metaws.native.binding import _internals
 from llama_metaws.native.params import set_fields
 from llama_metaws.native.runtime import require_build
-from llama_metaws.testing import N_EMBD, N_VOCAB, make_tiny_mtp_model, split_devices
+from llama_metaws_dev.testing import N_EMBD, N_VOCAB, make_tiny_mtp_model, split_devices
 
 N_CTX = 256
 N_BATCH = 16  # n_batch = n_ubatch: the long prompt spans several batches

@@ -1,4 +1,4 @@
-"""The tiny models of every MTP family (llama_metaws.testing.families), and what the vendored
+"""The tiny models of every MTP family (llama_metaws_dev.testing.families), and what the vendored
 llama.cpp says about the families (llama_metaws.native.archs), read from its source."""
 
 import hashlib
@@ -9,9 +9,9 @@ import pytest
 
 from llama_metaws.native import archs
 from llama_metaws.native.runtime import require_build
-from llama_metaws.testing.families import (FAMILIES, MTP_FAMILIES, FamilyModelError, check_model, check_models,
+from llama_metaws_dev.testing.families import (FAMILIES, MTP_FAMILIES, FamilyModelError, check_model, check_models,
                                            family_layout, family_plan, make_family_model)
-from llama_metaws.testing.families.layout import materialize, write
+from llama_metaws.tools.layouts.layout import materialize, write
 
 BUILT = [a for a, f in FAMILIES.items() if f.tiny is None]
 

@@ -1,7 +1,7 @@
 """Every MTP family on the user's path: ``Llama(draft="mtp")`` on one device, over a layer split
 and over a tensor split of two CPU devices, and ``serve -np 2 --spec-type draft-mtp``.
 
-Each family's tiny model (llama_metaws.testing.families) carries the agreement design, so the
+Each family's tiny model (llama_metaws_dev.testing.families) carries the agreement design, so the
 head's drafts are accepted about as often as designed: greedy output must equal no drafting,
 drafts must be made and accepted, and the target and the draft must share the workspace (under
 tensor split through the meta-buffer alias). Where llama.cpp has no tensor split for a family,
@@ -19,8 +19,8 @@ import pytest
 
 from llama_metaws import Llama
 from llama_metaws.native.archs import NO_TENSOR_SPLIT_ARCHS
-from llama_metaws.testing import split_devices
-from llama_metaws.testing.families import FAMILIES, MTP_FAMILIES, make_family_model
+from llama_metaws_dev.testing import split_devices
+from llama_metaws_dev.testing.families import FAMILIES, MTP_FAMILIES, make_family_model
 from drafting_runs import MODES, greedy_rows
 from serving import Server
 
@@ -185,7 +185,7 @@ _CHILD = r"""
 import sys
 import llama_metaws
 from llama_metaws.engine.contexts import load_model, new_context, greedy_tokens
-from llama_metaws.testing import split_devices
+from llama_metaws_dev.testing import split_devices
 for path in sys.argv[1:]:
     for mtp in (False, True):
         try:
@@ -240,7 +240,7 @@ int posix_memalign(void ** p, size_t alignment, size_t size) {
 _POISONED_CHILD = r"""
 import sys
 from llama_metaws import Llama
-from llama_metaws.testing import split_devices
+from llama_metaws_dev.testing import split_devices
 out = []
 for kw in (dict(split_mode="none"), dict(split_mode="tensor", devices=split_devices(2))):
     with Llama(sys.argv[1], n_ctx=256, n_batch=64, n_ubatch=64, verbose=False, **kw) as llm:

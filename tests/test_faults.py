@@ -37,7 +37,7 @@ from llama_cpp import _logger
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
 from llama_metaws.engine.batch import Batch
 from llama_metaws.engine.devices import list_devices
-from llama_metaws.testing import split_devices
+from llama_metaws_dev.testing import split_devices
 from llama_metaws.engine.workspace import Workspace, context_info, inject_alloc_failure, private_bytes
 
 from engines import Greedy, generate
@@ -68,7 +68,7 @@ _INJECTED = re.compile(r"injected failure allocating (\d+) bytes of (.+?)\s*$")
 
 @pytest.fixture(scope="module")
 def mtp_path(models_dir):
-    from llama_metaws.testing import make_tiny_mtp_model
+    from llama_metaws_dev.testing import make_tiny_mtp_model
 
     return make_tiny_mtp_model(models_dir / "faults-mtp.gguf", seed=7, agreement=0.75)
 

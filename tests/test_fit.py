@@ -6,7 +6,7 @@ import pytest
 
 from llama_metaws import Llama
 from llama_metaws.engine import fit
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws_dev.testing import make_tiny_mtp_model
 
 KW = dict(n_batch=64, n_ubatch=64, verbose=False)
 N_CTX_TRAIN = 4096

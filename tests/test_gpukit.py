@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from llama_metaws.native import build
-from llama_metaws.tools import gpukit
+from llama_metaws_dev import gpukit
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]  # pip download of the kit's wheels
 
@@ -120,7 +120,7 @@ def test_the_source_is_patched_trimmed_and_hashed(source, manifest):
 
 def test_the_trimmed_source_configures_the_tools(source, tmp_path):
     """What ``build --tools`` reads is in the kit's tree: CMake configures its targets from it."""
-    from llama_metaws.native import tools_build
+    from llama_metaws_dev import tools_build
 
     res = subprocess.run([build._cmake(), "-S", str(source), "-B", str(tmp_path / "b"), *build._generator_args(),
                           *build.BASE_CMAKE_ARGS, *tools_build.TOOLS_CMAKE_ARGS],
@@ -172,7 +172,7 @@ def test_run_sh_builds_the_tools_and_runs_the_real_shape_step_after_the_seeds_ta
     steps = re.search(r'STEPS="\$\{KIT_STEPS:-([a-z,]+)\}"', text).group(1).split(",")
     assert steps == ["preflight", "install", "build", "devices", "test", "vram", "realshape", "report"]
     assert "llama_metaws build --tools" in text  # llama-server from the library's tree
-    assert 'limit "$PY" -m llama_metaws.tools.sidebyside' in text and '--budget "$budget"' in text
+    assert 'limit "$PY" -m llama_metaws_dev.sidebyside' in text and '--budget "$budget"' in text
     # the dry run gives the step its small shape
     assert "--shape small" in gpukit.DRY_RUN_REALSHAPE_ARGS
 

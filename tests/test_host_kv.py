@@ -14,7 +14,7 @@ import pytest
 
 from llama_metaws.tools.children import child_env
 from llama_metaws.engine.devices import check_tensor_split
-from llama_metaws.testing import EOS_TOKEN, make_tiny_mtp_model, split_devices
+from llama_metaws_dev.testing import EOS_TOKEN, make_tiny_mtp_model, split_devices
 
 N_CTX, N_UBATCH, N_PREDICT = 256, 16, 12
 # several requests in a row: shorter than n_ubatch, across several ubatches, between
@@ -161,7 +161,7 @@ def test_host_kv_on_devices_that_cannot_use_host_memory_is_refused():
 def test_no_kv_offload_flag_is_offload_kqv_false():
     import argparse
 
-    from llama_metaws.flags import add_model_flags, llama_kwargs
+    from llama_metaws.cli.flags import add_model_flags, llama_kwargs
 
     p = argparse.ArgumentParser()
     add_model_flags(p)

@@ -98,25 +98,32 @@ def test_the_cycle_finder_finds_a_cycle():
 # The package's layers, bottom up, and the layers each may import (its own included).
 LAYERS = {
     "errors": set(),
-    "native": {"errors"},
-    "engine": {"native", "errors"},
-    "testing": {"native", "errors"},                    # the model builders
-    "frontends": {"engine", "native", "errors"},        # Llama, server/, flags
-    "tools": {"frontends", "engine", "native", "testing", "errors"},
-    "cli": {"tools", "frontends", "engine", "native", "testing", "errors"},
+    "paths": set(),                                     # the cache folder, the pinned binding
+    "native": {"paths", "errors"},
+    "engine": {"native", "paths", "errors"},
+    "demo": {"paths", "errors"},                        # the demo's models and their writer
+    "frontends": {"engine", "native", "paths", "errors"},  # Llama, server/, the flag tables
+    "tools": {"frontends", "engine", "native", "demo", "paths", "errors"},
+    "cli": {"tools", "frontends", "engine", "native", "demo", "paths", "errors"},
 }
+
+#: llama.cpp's command-line vocabulary, which ``serve`` reads as the command line does: the
+#: front-ends' layer, though it sits in cli/
+SHARED_FLAG_TABLES = ("llama_metaws.cli.flags", "llama_metaws.cli.server_flags")
 
 
 def layer_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:  # llama_metaws/__init__.py: the package's face, with the front-ends
         return "frontends"
+    if module in SHARED_FLAG_TABLES:
+        return "frontends"
     head = parts[1]
-    if head in ("native", "engine", "tools", "testing", "errors", "cli"):
+    if head in ("native", "engine", "tools", "demo", "errors", "paths", "cli"):
         return head
     if head == "__main__":
         return "cli"
-    return "frontends"  # llama.py, completion.py, state.py, flags.py, server/
+    return "frontends"  # llama.py, completion.py, state.py, server/
 
 
 def upward_imports(graph):
@@ -137,7 +144,8 @@ def test_the_layer_check_finds_an_upward_import():
 
 def test_importing_the_package_loads_no_model_builder():
     res = _python("import sys, llama_metaws; from llama_metaws import Llama; "
-                  "print(sorted(m for m in sys.modules if m.startswith('llama_metaws.testing')))", dict(os.environ))
+                  "print(sorted(m for m in sys.modules if m.startswith(('llama_metaws_dev', 'llama_metaws.demo'))))",
+                  dict(os.environ))
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]"
 
@@ -151,10 +159,32 @@ def test_errors_is_a_leaf_and_check_error_sits_beside_the_compiled_shim():
     assert hasattr(_native, "check_error") and not hasattr(errors, "check_error")
 
 
+def test_nothing_in_the_package_imports_the_developer_package_but_build_tools():
+    """The wheel works without dev/: only ``llama-metaws build --tools`` reaches for it (and says
+    what to install when it is missing)."""
+    offenders = []
+    for name, f in _modules().items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            offenders += [f"{name}: {m}" for m in mods if m.split(".")[0] == "llama_metaws_dev"]
+    assert offenders == ["llama_metaws.cli: llama_metaws_dev"], offenders
+
+
+def test_without_the_developer_package_build_tools_says_what_to_install(tmp_path):
+    blocker = tmp_path / "llama_metaws_dev"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('the developer package is not installed')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-m", "llama_metaws", "build", "--tools"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert res.returncode == 2 and "developer package" in res.stderr and "dev/" in res.stderr, res.stderr
+
+
 def test_cli_and_server_share_the_flag_table():
     graph = import_graph()
-    assert "llama_metaws.flags" in graph["llama_metaws.cli"]
-    assert "llama_metaws.flags" in graph["llama_metaws.server"]
+    assert "llama_metaws.cli.flags" in graph["llama_metaws.cli"]
+    assert "llama_metaws.cli.flags" in graph["llama_metaws.server"]
     assert "llama_metaws.cli" not in graph["llama_metaws.server"]
 
 

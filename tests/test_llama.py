@@ -10,7 +10,7 @@ import pytest
 import llama_cpp
 
 from llama_metaws import Llama
-from llama_metaws.testing import EOS_TOKEN, make_tiny_model, make_tiny_mtp_model
+from llama_metaws_dev.testing import EOS_TOKEN, make_tiny_model, make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
 PROMPT = "the quick brown fox jumps"

@@ -22,7 +22,7 @@ from llama_metaws.native.binding import _internals, llama_ext
 from llama_metaws.engine.batch import Batch
 from llama_metaws.native.params import set_fields
 from llama_metaws.native.runtime import require_build
-from llama_metaws.testing import N_VOCAB, make_tiny_mtp_model
+from llama_metaws_dev.testing import N_VOCAB, make_tiny_mtp_model
 
 TOKENS = [(7 * i + 3) % N_VOCAB for i in range(6)]
 OUTPUTS = [2, 5]  # not the batch's first rows

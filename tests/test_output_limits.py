@@ -55,7 +55,7 @@ def test_a_batch_longer_than_n_batch_is_an_error_not_an_abort(tiny_model):
 from llama_metaws import Llama  # noqa: E402
 from llama_metaws.engine.buffers import compute_buffers  # noqa: E402
 from llama_metaws.engine.limits import output_limits  # noqa: E402
-from llama_metaws.testing import make_tiny_mtp_model, split_devices  # noqa: E402
+from llama_metaws_dev.testing import make_tiny_mtp_model, split_devices  # noqa: E402
 from llama_metaws.tools.reservation import llama_server_reservation, server_limits  # noqa: E402
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)

@@ -168,7 +168,7 @@ import llama_metaws
 from llama_metaws.native.runtime import require_build
 from llama_metaws.engine.devices import list_devices
 from llama_metaws import Llama
-from llama_metaws.testing import make_tiny_model
+from llama_metaws_dev.testing import make_tiny_model
 b = require_build()
 assert b.bundled and str(b.root).startswith(sys.argv[1]), b
 model = make_tiny_model(sys.argv[2] + "/m.gguf", seed=3)

@@ -10,7 +10,7 @@ import pytest
 
 from llama_metaws.tools import vram
 from llama_metaws.tools.plan import PlanError, format_plan, plan, write_gguf_from_hf_config
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws_dev.testing import make_tiny_mtp_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_27B = ROOT / "bench" / "qwen3.6-27b-config.json"

@@ -7,7 +7,7 @@ import pytest
 
 from llama_metaws import Llama
 from llama_metaws.engine.checkpoints import PrefixReuse, common_prefix
-from llama_metaws.testing import N_VOCAB, generate_n, make_tiny_mtp_model
+from llama_metaws_dev.testing import N_VOCAB, generate_n, make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
 EVERY = 16

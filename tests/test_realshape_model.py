@@ -15,7 +15,7 @@ import llama_cpp.llama_cpp as ll
 import llama_cpp.llama_cpp_ext as llx
 
 from llama_metaws.native.params import set_fields
-from llama_metaws.testing import (
+from llama_metaws_dev.testing import (
     BENCH_SHAPE,
     make_mtp_model,
     mtp_model_cycle_len,
@@ -187,7 +187,7 @@ def test_the_default_is_the_bench_shape_at_qwens_vocabulary() -> None:
 
 
 def test_the_designed_token_has_the_tiny_models_peak_at_any_vocabulary() -> None:
-    from llama_metaws.testing import LOGIT_MARGIN, N_VOCAB, mtp_model_logit_margin
+    from llama_metaws_dev.testing import LOGIT_MARGIN, N_VOCAB, mtp_model_logit_margin
 
     for v in (N_VOCAB, 4096, 151936):
         m = mtp_model_logit_margin(v)
@@ -198,7 +198,7 @@ def test_the_designed_token_has_the_tiny_models_peak_at_any_vocabulary() -> None
 
 def test_the_constants_shared_with_the_tiny_builders_agree() -> None:
     from llama_metaws import testing
-    from llama_metaws.testing import realshape
+    from llama_metaws_dev.testing import realshape
 
     assert (realshape.N_VOCAB, realshape.LOGIT_MARGIN) == (testing.N_VOCAB, testing.LOGIT_MARGIN)
     assert realshape.CHAT_TEMPLATE == testing.CHAT_TEMPLATE
@@ -208,7 +208,7 @@ def test_the_constants_shared_with_the_tiny_builders_agree() -> None:
 
 
 def test_the_embedding_basis_is_orthonormal_at_every_width_and_one_qr_up_to_2048() -> None:
-    from llama_metaws.testing import realshape
+    from llama_metaws_dev.testing import realshape
 
     # the bench widths: the QR they always had, so their files' bytes did not change
     q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((1024, 1024)))

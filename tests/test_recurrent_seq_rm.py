@@ -21,7 +21,7 @@ import llama_cpp
 
 from llama_metaws.engine import contexts as loading
 from llama_metaws.engine.checkpoints import PARTIAL, state_back
-from llama_metaws.testing import N_VOCAB, make_tiny_model, make_tiny_mtp_model
+from llama_metaws_dev.testing import N_VOCAB, make_tiny_model, make_tiny_mtp_model
 
 PROMPT = [(5 * i + 2) % N_VOCAB for i in range(8)]
 A, B, C, D, Y = 17, 42, 99, 3, 64

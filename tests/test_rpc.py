@@ -16,10 +16,11 @@ import time
 
 import pytest
 
-from llama_metaws import Llama, flags
+from llama_metaws import Llama
+from llama_metaws.cli import flags
 from llama_metaws.engine import rpc
 from llama_metaws.cli import make_parser
-from llama_metaws.testing import free_port, make_tiny_mtp_model, start_rpc_server, stop_process
+from llama_metaws_dev.testing import free_port, make_tiny_mtp_model, start_rpc_server, stop_process
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
 PROMPTS = ("the quick brown fox jumps", "a")

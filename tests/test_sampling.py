@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from llama_metaws.testing import EOS_TOKEN, make_tiny_model, make_tiny_mtp_model, split_devices
+from llama_metaws_dev.testing import EOS_TOKEN, make_tiny_model, make_tiny_mtp_model, split_devices
 from llama_metaws.tools.children import child_env
 
 

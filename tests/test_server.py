@@ -20,7 +20,7 @@ import urllib.error
 import openai  # the test extra installs the official client
 import pytest
 
-from llama_metaws.testing import EOS_TOKEN, make_tiny_model, make_tiny_mtp_model
+from llama_metaws_dev.testing import EOS_TOKEN, make_tiny_model, make_tiny_mtp_model
 
 from serving import CLIENT_TIMEOUT_S, Server, error_of
 
@@ -421,7 +421,8 @@ def test_a_signal_stops_the_server_with_a_stream_in_flight(plain_model, tmp_path
 
 
 def test_serve_flags_follow_llama_server():
-    from llama_metaws import cli, flags
+    from llama_metaws import cli
+    from llama_metaws.cli import flags
 
     p = cli.make_parser()
     args = p.parse_args(["serve", "-m", "x.gguf", "--spec-type", "draft-mtp", "--spec-draft-n-max", "2",

@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from llama_metaws.native.runtime import require_build
-from llama_metaws.testing import EOS_TOKEN, N_VOCAB, make_tiny_mtp_model, make_tiny_model
-from llama_metaws.testing.vocab import chat_vocab
+from llama_metaws_dev.testing import EOS_TOKEN, N_VOCAB, make_tiny_mtp_model, make_tiny_model
+from llama_metaws.demo.vocab import chat_vocab
 from serving import Server
 
 N = 8

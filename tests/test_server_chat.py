@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from llama_metaws.native.runtime import require_build
-from llama_metaws.testing import EOS_TOKEN, N_VOCAB, make_tiny_model, make_tiny_mtp_model
-from llama_metaws.testing.vocab import chat_vocab
-from llama_metaws.testing.chat_tools import WEATHER
+from llama_metaws_dev.testing import EOS_TOKEN, N_VOCAB, make_tiny_model, make_tiny_mtp_model
+from llama_metaws.demo.vocab import chat_vocab
+from llama_metaws_dev.testing.chat_tools import WEATHER
 from serving import Server, error_of
 
 TEMPLATE = require_build().src_dir / "models" / "templates" / "Qwen3.5-4B.jinja"

@@ -12,7 +12,7 @@ import threading
 import openai
 import pytest
 
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws_dev.testing import make_tiny_mtp_model
 from serving import Server
 
 PROMPTS = ["the quick brown fox", "1 2 3 4 5 6", "hello world " * 20, "a b", "once upon a time there"]

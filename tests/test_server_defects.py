@@ -14,7 +14,7 @@ import time
 import openai
 import pytest
 
-from llama_metaws.testing import EOS_TOKEN, make_tiny_model, start_rpc_server, stop_process, free_port
+from llama_metaws_dev.testing import EOS_TOKEN, make_tiny_model, start_rpc_server, stop_process, free_port
 from serving import CLIENT_TIMEOUT_S, Server, error_of, llama_error
 
 KEY = "sésame-clé"  # not ASCII

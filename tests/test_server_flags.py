@@ -1,5 +1,5 @@
 """llama-server's command lines through serve: every flag of the vendored llama-server in the
-table (llama_metaws.server_flags), each taken or refused as the table says, real command lines
+table (llama_metaws.cli.server_flags), each taken or refused as the table says, real command lines
 from llama.cpp's docs and server tests, the LLAMA_ARG_* variables, the docs file the table
 generates, and serve's defaults (llama-server's) in a real start."""
 
@@ -12,8 +12,9 @@ import tarfile
 
 import pytest
 
-from llama_metaws import cli, flags, server_flags
-from llama_metaws.server_flags import BY_SPELLING, NOOP, REFUSED, REMOVED, SAME, TABLE, VALUES
+from llama_metaws import cli
+from llama_metaws.cli import flags, server_flags
+from llama_metaws.cli.server_flags import BY_SPELLING, NOOP, REFUSED, REMOVED, SAME, TABLE, VALUES
 
 # a valid value for each value-taking flag serve takes (by its first spelling)
 SAMPLES = {
@@ -281,7 +282,7 @@ def test_workspace_flags_need_a_draft_context_and_unsafe_shared_is_the_reproduct
     assert flags.llama_kwargs(parse(mtp + ["--no-phase-aware-workspace"])[0])["phase_aware_workspace"] is False
     assert flags.llama_kwargs(parse(mtp + ["--workspace-mode", "private-meta"])[0])["workspace_mode"] == "private-meta"
     args, err = parse(mtp + ["--workspace-mode", "unsafe-shared"])
-    assert args is None and "llama-metaws repro --mode unsafe-shared" in err
+    assert args is None and "llama-metaws-dev repro --mode unsafe-shared" in err
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
@@ -293,7 +294,7 @@ def test_the_docs_table_is_what_the_table_generates():
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "server-flags.md"
     assert doc.read_text() == server_flags.markdown(), \
-        "docs/server-flags.md is stale: python -m llama_metaws.server_flags > docs/server-flags.md"
+        "docs/server-flags.md is stale: python -m llama_metaws.cli.server_flags > docs/server-flags.md"
     for f in TABLE:  # every refusal says why
         assert f.status not in (REFUSED, REMOVED) or f.note
         assert f.status != VALUES or f.allowed
@@ -302,7 +303,7 @@ def test_the_docs_table_is_what_the_table_generates():
 def test_a_real_start_on_llama_servers_defaults_and_variables(models_dir, tmp_path):
     from serving import Server
 
-    from llama_metaws.testing import make_tiny_mtp_model
+    from llama_metaws_dev.testing import make_tiny_mtp_model
 
     model = make_tiny_mtp_model(models_dir / "flags-mtp.gguf", agreement=0.8)  # a 256-token context
     # serve -m MODEL --spec-type draft-mtp and nothing else: 4 slots sharing the model's whole

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws_dev.testing import make_tiny_mtp_model
 from serving import Server
 
 SEED = int(os.environ.get("LLAMA_METAWS_FUZZ_SEED", "26"))

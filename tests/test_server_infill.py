@@ -7,7 +7,7 @@ named in the GGUF's ``tokenizer.ggml.fim_*_token_id`` keys). A model without the
 
 import pytest
 
-from llama_metaws.testing import make_tiny_model
+from llama_metaws_dev.testing import make_tiny_model
 from serving import Server, llama_error
 
 PRE, SUF, MID, REP, SEP = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"

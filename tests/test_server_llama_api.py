@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from llama_metaws import cli, flags
-from llama_metaws.testing import make_tiny_model
+from llama_metaws import cli
+from llama_metaws.cli import flags
+from llama_metaws_dev.testing import make_tiny_model
 from serving import Server, llama_error
 
 TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"

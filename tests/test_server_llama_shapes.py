@@ -14,7 +14,7 @@ import time
 import openai
 import pytest
 
-from llama_metaws.testing import make_tiny_model
+from llama_metaws_dev.testing import make_tiny_model
 from serving import Server
 
 PROMPT = "the quick brown fox"

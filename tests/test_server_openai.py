@@ -10,7 +10,7 @@ import json
 import openai
 import pytest
 
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws_dev.testing import make_tiny_mtp_model
 from serving import Server, error_of
 
 CHAT = [{"role": "user", "content": "give me a number"}]

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from llama_metaws.testing import make_tiny_model
+from llama_metaws_dev.testing import make_tiny_model
 from serving import Server, llama_error
 
 N_BATCH = 64

@@ -12,7 +12,7 @@ from importlib import resources
 import pytest
 
 import llama_metaws
-from llama_metaws.testing import make_tiny_model
+from llama_metaws_dev.testing import make_tiny_model
 from serving import Server
 
 KEY = "sk-ui-test"

@@ -1,4 +1,4 @@
-"""The GPU run kit's real-shape step (``llama_metaws.tools.sidebyside``): its shapes, its layer
+"""The GPU run kit's real-shape step (``llama_metaws_dev.sidebyside``): its shapes, its layer
 choice, its rows on the CPU at the small shape, llama-server's command and log, its table.
 
 llama-server's rows run where ``llama-metaws build --tools`` has built it (the kit's dry run,
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llama_metaws.native import tools_build
-from llama_metaws.tools.sidebyside import report, server, shapes, step
+from llama_metaws_dev import tools_build
+from llama_metaws_dev.sidebyside import report, server, shapes, step
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
@@ -190,6 +190,6 @@ def test_the_findings_set_each_ratio_beside_the_seeds():
 
 def test_the_step_refuses_bad_arguments():
     for bad in (["--layers", "6"], ["--acceptance", "1.5"], ["-n", "0"]):
-        res = subprocess.run([sys.executable, "-m", "llama_metaws.tools.sidebyside", "--work", "w", "--out", "o.json",
+        res = subprocess.run([sys.executable, "-m", "llama_metaws_dev.sidebyside", "--work", "w", "--out", "o.json",
                               "-dev", "CPU,CPU", *bad], capture_output=True, text=True)
         assert res.returncode == 2 and "sidebyside:" in res.stderr, (bad, res.stderr)

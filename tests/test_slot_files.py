@@ -10,7 +10,7 @@ reuse its prefix and output exactly what a fresh slot outputs.
 import pytest
 
 from llama_metaws import Llama
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws_dev.testing import make_tiny_mtp_model
 from serving import Server, llama_error
 
 KW = dict(n_ctx=2 * 256, n_batch=64, n_ubatch=64, n_seq_max=2, verbose=False)

@@ -25,8 +25,8 @@ from llama_metaws.engine.limits import check_draft_max
 from llama_metaws.engine.policy import DraftPolicy, FixedCosts
 from llama_metaws.engine.request import Request
 from llama_metaws.engine.samplers import SamplingParams
-from llama_metaws.testing import make_tiny_mtp_model, split_devices
-from llama_metaws.testing.families import family_plan, make_family_model
+from llama_metaws_dev.testing import make_tiny_mtp_model, split_devices
+from llama_metaws_dev.testing.families import family_plan, make_family_model
 
 from drafting_runs import KW, MAX_TOKENS, PROMPTS, concurrently, shares_workspace as _shared, tokens as _tokens
 from serving import Server

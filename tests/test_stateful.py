@@ -75,7 +75,7 @@ class Resources:
         key = (name, split)
         if key not in self.models:
             if name not in self.paths:
-                from llama_metaws.testing import make_tiny_mtp_model
+                from llama_metaws_dev.testing import make_tiny_mtp_model
 
                 self.paths[name] = make_tiny_mtp_model(
                     self.models_dir / f"stateful-{name}.gguf", seed=41, agreement=MODELS[name])

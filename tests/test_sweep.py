@@ -156,7 +156,7 @@ STRIDE_ENV = "LLAMA_METAWS_SWEEP_STRIDE"
 
 @pytest.fixture(scope="module")
 def mtp_path(models_dir):
-    from llama_metaws.testing import make_tiny_mtp_model
+    from llama_metaws_dev.testing import make_tiny_mtp_model
 
     return make_tiny_mtp_model(models_dir / "sweep-mtp.gguf", seed=7, agreement=0.75)
 

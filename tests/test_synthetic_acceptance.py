@@ -13,7 +13,7 @@ import llama_cpp
 
 from llama_metaws import Llama
 from llama_metaws.engine import synthetic
-from llama_metaws.testing import EOS_TOKEN, free_port, make_tiny_mtp_model
+from llama_metaws_dev.testing import EOS_TOKEN, free_port, make_tiny_mtp_model
 from serving import Server
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)

@@ -1,7 +1,7 @@
 """Tensor split on a CPU meta test bed: decoding, the borrower alias, the crash and its fix.
 
 The devices are the CPU listed twice (or three times), unless LLAMA_METAWS_TEST_DEVICES names
-others (``CUDA0``: one GPU listed twice; see ``llama_metaws.testing.split_devices``)."""
+others (``CUDA0``: one GPU listed twice; see ``llama_metaws_dev.testing.split_devices``)."""
 
 import json
 import os
@@ -13,10 +13,10 @@ import pytest
 
 import llama_cpp
 
-from llama_metaws.tools import repro
+from llama_metaws_dev import repro
 from llama_metaws.native.shim import check_error, ffi, lib
 from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
-from llama_metaws.testing import split_devices
+from llama_metaws_dev.testing import split_devices
 from llama_metaws.engine.workspace import Workspace, private_bytes
 
 from engines import Greedy
@@ -38,7 +38,7 @@ def _tolerance(devices) -> float:
 
 @pytest.fixture(scope="module")
 def mtp_path(models_dir):
-    from llama_metaws.testing import make_tiny_mtp_model
+    from llama_metaws_dev.testing import make_tiny_mtp_model
 
     return make_tiny_mtp_model(models_dir / "ts-mtp.gguf", seed=5, agreement=0.8)
 
@@ -76,7 +76,7 @@ def _logits(path, *, devices, split_mode, use_mmap=True, load_mtp=False, n=6):
 @pytest.mark.parametrize("use_mmap", [True, False])
 @pytest.mark.parametrize("n_devices", [2, 3])
 def test_tensor_split_on_cpu_devices_matches_one_device(models_dir, mtp_path, kind, use_mmap, n_devices):
-    from llama_metaws.testing import make_tiny_model
+    from llama_metaws_dev.testing import make_tiny_model
 
     path = mtp_path if kind == "qwen35-mtp" else make_tiny_model(models_dir / "ts-llama.gguf", seed=2)
     one = _logits(path, devices=None, split_mode="none", load_mtp=kind == "qwen35-mtp")
@@ -127,7 +127,7 @@ def test_llama_level_reproduction(mtp_path, mode):
 
 
 def test_the_repro_cli_json(mtp_path):
-    res = subprocess.run([sys.executable, "-m", "llama_metaws", "repro", "--json", "--model", str(mtp_path)],
+    res = subprocess.run([sys.executable, "-m", "llama_metaws_dev", "repro", "--json", "--model", str(mtp_path)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     records = json.loads(res.stdout)

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from llama_metaws import Llama
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws_dev.testing import make_tiny_mtp_model
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, verbose=False)
 PROMPTS = ["the quick brown fox jumps", "a", "the quick brown fox jumps " * 6]  # 6 > n_ubatch: 2 ubatches

@@ -1,4 +1,4 @@
-"""The tiny GGUF models of ``llama_metaws.testing``, checked with the binding's low-level API."""
+"""The tiny GGUF models of ``llama_metaws_dev.testing``, checked with the binding's low-level API."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import llama_cpp.llama_cpp as ll
 import llama_cpp.llama_cpp_ext as llx
 
 from llama_metaws.native.params import set_fields
-from llama_metaws.testing import (
+from llama_metaws_dev.testing import (
     N_EMBD,
     N_VOCAB,
     SUPPORTED_ARCHS,

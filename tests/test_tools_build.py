@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from llama_metaws.native import build
-from llama_metaws.native import tools_build
+from llama_metaws_dev import tools_build
 
 
 def test_the_tools_key_is_not_the_library_key_and_follows_its_inputs():

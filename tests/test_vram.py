@@ -11,7 +11,7 @@ import types
 import pytest
 
 from llama_metaws.tools import vram
-from llama_metaws.testing import make_tiny_mtp_model
+from llama_metaws_dev.testing import make_tiny_mtp_model
 
 PROMPT = [(7 * i + 3) % 120 for i in range(40)]
 

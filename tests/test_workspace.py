@@ -28,7 +28,7 @@ from engines import generate as _engine_generate
 
 @pytest.fixture(scope="module")
 def mtp_model(models_dir):
-    from llama_metaws.testing import make_tiny_mtp_model
+    from llama_metaws_dev.testing import make_tiny_mtp_model
 
     model = load_model(make_tiny_mtp_model(models_dir / "ws-mtp.gguf", seed=3, agreement=0.75),
                        load_mtp=True)
@@ -230,7 +230,7 @@ def test_teardown_in_either_order(mtp_model, reference, first):
 
 
 def test_model_reload_and_attaching_the_draft_to_a_new_target(models_dir, reference):
-    from llama_metaws.testing import make_tiny_mtp_model
+    from llama_metaws_dev.testing import make_tiny_mtp_model
 
     path = make_tiny_mtp_model(models_dir / "ws-mtp.gguf", seed=3, agreement=0.75)
     for _ in range(2):  # load, use, free, load again

@@ -73,7 +73,7 @@ def costs_dir() -> Optional[Path]:
     env = os.environ.get(COSTS_ENV)
     if env:
         return None if env.strip().lower() == "off" else Path(env)
-    from ..native.build import cache_root
+    from ..paths import cache_root
 
     return cache_root() / "costs"
 

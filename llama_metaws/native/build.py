@@ -14,7 +14,7 @@ the output: the sdist hash, the content of each patch in the series, the CMake a
 the compiler's version.
 
 A pre-patched source (``LLAMA_METAWS_LLAMA_SOURCE=DIR``, as the GPU run kit carries it: see
-``llama_metaws.tools.gpukit``) replaces steps 1-3 on a machine that cannot fetch the sdist. Its
+``llama_metaws_dev.gpukit``) replaces steps 1-3 on a machine that cannot fetch the sdist. Its
 ``lmws-source.json`` names the sdist hash, the patches it holds and the hash of the tree; the
 patches must be those of the current series, and the tree's hash joins the key (a trimmed tree
 is another input than the whole sdist, so it gets a key of its own) and is checked before the
@@ -43,11 +43,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
-SDIST_PROJECT = "llama-cpp-python"
-SDIST_VERSION = "0.3.36"
-SDIST_FILENAME = "llama_cpp_python-0.3.36.tar.gz"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-VENDOR_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+from ..paths import SDIST_FILENAME, SDIST_PROJECT, SDIST_SHA256, SDIST_VERSION, VENDOR_PREFIX, cache_root  # noqa: F401
 
 # Bump when the steps below change in a way that changes what they produce.
 RECIPE_VERSION = 1
@@ -118,15 +114,6 @@ def source_root() -> Path:
         "from its source checkout (`pip install -e .`) or from its sdist (`pip install "
         "llama_metaws-*.tar.gz`), or set LLAMA_METAWS_SOURCE_ROOT"
     )
-
-
-def cache_root() -> Path:
-    """``LLAMA_METAWS_CACHE``, else ``$XDG_CACHE_HOME/llama-metaws`` (``~/.cache``)."""
-    env = os.environ.get("LLAMA_METAWS_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "llama-metaws"
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,7 +255,7 @@ def read_source_manifest(root: Path, patches: Sequence[Sequence[str]]) -> dict:
     path = root / SOURCE_MANIFEST
     if not path.is_file():
         raise BuildError(f"{PATCHED_SOURCE_ENV}={root}: no {SOURCE_MANIFEST} there "
-                         "(make the tree with `llama-metaws gpu-kit`)")
+                         "(make the tree with `llama-metaws-dev gpu-kit`)")
     doc = json.loads(path.read_text())
     if doc.get("sdist_sha256") != SDIST_SHA256:
         raise BuildError(f"{PATCHED_SOURCE_ENV}={root} was made from another sdist "
@@ -473,7 +460,7 @@ def _generator_args() -> List[str]:
 def prepare_source(inputs: BuildInputs, src: Path, patches: List[Path], step: Callable[[int, str], None],
                    progress: Progress) -> None:
     """Steps 1-3 into ``src``: fetch, unpack and patch, or copy the pre-patched source (also the
-    tools build's, :mod:`llama_metaws.native.tools_build`)."""
+    tools build's, :mod:`llama_metaws_dev.tools_build`)."""
     pre = patched_source_dir() if inputs.source else None
     if inputs.source and pre is None:
         raise BuildError(f"these inputs name a pre-patched source, but {PATCHED_SOURCE_ENV} is not set")
@@ -498,7 +485,7 @@ def prepare_source(inputs: BuildInputs, src: Path, patches: List[Path], step: Ca
 
 
 #: ``then(src, bdir, env)``: more work in a library build's CMake tree, after its install and
-#: before the tree is deleted (the tools of :mod:`llama_metaws.native.tools_build`).
+#: before the tree is deleted (the tools of :mod:`llama_metaws_dev.tools_build`).
 InTree = Callable[[Path, Path, Dict[str, str]], None]
 
 

@@ -43,7 +43,7 @@ def source_fingerprint(root: Optional[Path] = None) -> dict:
 
 def write_manifest(b: _build.Build, path: Optional[Path] = None, tools: Optional[dict] = None) -> Path:
     """Record ``b`` (library and shim) as the build this checkout uses, and llama.cpp's tools
-    (``"tools": {target: path}``, :mod:`llama_metaws.native.tools_build`): those given, else those the
+    (``"tools": {target: path}``, :mod:`llama_metaws_dev.tools_build`): those given, else those the
     manifest already names for the same library key while they exist."""
     path = path or manifest_path()
     made = b.manifest  # the build's own build.json: its key and inputs

@@ -21,6 +21,7 @@ from typing import Optional
 from . import build as _build
 from . import manifest as _manifest
 from ..errors import BindingVersionError, NativeBuildMissing
+from ..paths import SDIST_VERSION
 
 BINDING_DISTRIBUTION = "llama_cpp_python"
 
@@ -35,14 +36,14 @@ def check_binding_version() -> None:
     except importlib.metadata.PackageNotFoundError:
         raise BindingVersionError(
             f"llama-cpp-python is not installed; llama-metaws needs llama-cpp-python=="
-            f"{_build.SDIST_VERSION} (install it with "
+            f"{SDIST_VERSION} (install it with "
             f"CMAKE_ARGS='-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF' so it skips its own native build)"
         ) from None
-    if installed != _build.SDIST_VERSION:
+    if installed != SDIST_VERSION:
         raise BindingVersionError(
             f"llama-cpp-python {installed} is installed, but llama-metaws patches the llama.cpp "
-            f"vendored in llama-cpp-python {_build.SDIST_VERSION}: install "
-            f"llama-cpp-python=={_build.SDIST_VERSION}"
+            f"vendored in llama-cpp-python {SDIST_VERSION}: install "
+            f"llama-cpp-python=={SDIST_VERSION}"
         )
 
 

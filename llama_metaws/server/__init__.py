@@ -88,7 +88,7 @@ def serve(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         return 2
 
-    from ..flags import chat_options, llama_kwargs
+    from ..cli.flags import chat_options, llama_kwargs
 
     if args.queue_size < 0:
         print(f"llama-metaws serve: --queue-size must be >= 0, got {args.queue_size}", file=sys.stderr)

@@ -27,7 +27,7 @@ from .errors import OPENAI
 def system_fingerprint() -> str:
     """A build name as llama-server gives it (``b`` first): the binding's version and this build's
     key, ``b0.3.36-<key>``; it changes when the native build (patches, flags) does."""
-    from ..native.build import SDIST_VERSION
+    from ..paths import SDIST_VERSION
     from ..native.runtime import require_build
 
     return f"b{SDIST_VERSION}-" + require_build().root.name[:12]

@@ -1,7 +1,7 @@
 """A Hugging Face ``config.json`` as a GGUF header llama.cpp can plan from (no weights).
 
 Each mapping reads a family's config fields into the sizes of
-:class:`llama_metaws.testing.families.layout.Dims`; the family's layout (the same one the tiny
+:class:`llama_metaws.tools.layouts.Dims`; the family's layout (the same one the tiny
 test models are written from) gives the metadata and the tensor names and shapes llama.cpp's
 loader expects, and :func:`write_gguf_from_hf_config` writes them with no data: the tensors'
 bytes are a hole in a sparse file, so a 300B model's header costs a few MB on disk. The planner
@@ -191,9 +191,8 @@ MODEL_TYPES: Dict[str, Callable[[_Config], Tuple[str, dict]]] = {
 
 
 def hf_layout(config: dict, where: str = "config"):
-    """The family layout (:mod:`llama_metaws.testing.families`) of a Hugging Face config."""
-    from ..testing.families import family_layout
-    from ..testing.families.layout import Dims
+    """The family layout (:mod:`llama_metaws.tools.layouts`) of a Hugging Face config."""
+    from .layouts import Dims, family_layout
 
     c = _Config(config, where)
     mapping = MODEL_TYPES.get(c.model_type)
@@ -229,7 +228,7 @@ def write_gguf_from_hf_config(config: Union[str, os.PathLike, dict], path: Union
     """
     import gguf
 
-    from ..testing.families.layout import write_header
+    from .layouts.layout import write_header
 
     where = os.fspath(config) if not isinstance(config, dict) else "config"
     if not isinstance(config, dict):

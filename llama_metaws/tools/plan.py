@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from ..errors import PlanError
 from ..engine.limits import AUTO_DRAFT_MAX
-from ..flags import draft_max_value
+from ..cli.flags import draft_max_value
 from .hf_config import WEIGHT_TYPES, write_gguf_from_hf_config
 from ..engine.gguf_meta import architecture
 from ..native.archs import check_mtp_graph, check_tensor_split
@@ -409,7 +409,7 @@ def format_plan(p: Plan) -> str:
 
 def add_arguments(p):
     """``llama-metaws plan``'s flags (llama.cpp's names)."""
-    from ..flags import parse_floats
+    from ..cli.flags import parse_floats
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-m", "--model", help="GGUF model file (only its header is read)")

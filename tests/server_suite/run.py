@@ -45,7 +45,7 @@ CHATML = (
 
 # the stand-ins (the shim's STANDIN_BY_REPO names them): a characters vocabulary with byte
 # tokens (any UTF-8 text tokenizes; ChatML's markers are text, as in the real llama2.c
-# vocabularies, see llama_metaws.testing.vocab) and the words of the suite's own texts as one token each (so its prompts take about as many tokens as the real vocabularies
+# vocabularies, see llama_metaws.demo.vocab) and the words of the suite's own texts as one token each (so its prompts take about as many tokens as the real vocabularies
 # give them: "Hello " * 248 fits 256), a 4096-token training context (the presets ask for up to
 # 2048)
 STANDINS = {
@@ -104,8 +104,8 @@ def suite_words(unit: Path) -> list:
 
 
 def write_standins(models: Path, words=()) -> None:
-    from llama_metaws.testing import make_tiny_model, make_tiny_mtp_model
-    from llama_metaws.testing.vocab import MIN_FULL_VOCAB, word_pieces
+    from llama_metaws_dev.testing import make_tiny_model, make_tiny_mtp_model
+    from llama_metaws.demo.vocab import MIN_FULL_VOCAB, word_pieces
 
     models.mkdir(parents=True, exist_ok=True)
     n_vocab = MIN_FULL_VOCAB + len(word_pieces(words))
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     if args.files:
         files = args.files
 
-    from llama_metaws.testing import free_port
+    from llama_metaws_dev.testing import free_port
 
     report = WORK / "report.json"
     report.unlink(missing_ok=True)

@@ -60,7 +60,7 @@ def _host_kv(args: argparse.Namespace, devices: List[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="llama-metaws-vram-model-") as tmp:
         model = args.model
         if model is None:
-            from ...testing import make_tiny_mtp_model
+            from ...demo.model import make_tiny_mtp_model
 
             model = os.fspath(make_tiny_mtp_model(os.path.join(tmp, "tiny-mtp-agreement-0.8.gguf"), agreement=0.8))
         record = run_host_kv(model=model, devices=devices, prompt=args.prompt, n_ctx=args.ctx_size,

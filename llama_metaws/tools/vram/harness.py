@@ -314,7 +314,7 @@ def run_configurations(configs: Optional[Sequence[Union[str, Configuration]]] = 
     progress = progress or (lambda line: None)
     with tempfile.TemporaryDirectory(prefix="llama-metaws-vram-model-") as tmp:
         if model is None:
-            from ...testing import make_tiny_mtp_model
+            from ...demo.model import make_tiny_mtp_model
 
             model = os.fspath(make_tiny_mtp_model(os.path.join(tmp, "tiny-mtp-agreement-0.8.gguf"), agreement=0.8))
             progress(f"model: the tiny agreement MTP model ({model})")

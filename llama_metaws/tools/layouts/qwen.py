@@ -5,7 +5,7 @@ Every ``full_attention_interval``-th trunk block is full attention with a Q gate
 gated delta nets (recurrent); the FFNs are dense (qwen35) or routed experts with a gated shared
 expert; the NextN block is a full-attention block with the trunk's FFN (``src/models/qwen35.cpp``,
 ``qwen35moe.cpp``, ``qwen3next.cpp``). The tiny qwen35 file is
-:func:`llama_metaws.testing.make_tiny_mtp_model`'s; this layout is the planner's.
+:func:`llama_metaws_dev.testing.make_tiny_mtp_model`'s; this layout is the planner's.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@
 llama.cpp's names, values and defaults (llama-server's, for serve: ``-ngl auto``, ``-c 0``, ``-np -1``,
 ``-fa auto``, ``--fit on``, ...), so its command lines map one to one; :func:`llama_kwargs` turns
 them into :class:`llama_metaws.Llama` keyword arguments. llama-server's other flags are in
-:data:`llama_metaws.server_flags.TABLE`: :func:`add_table_flags` registers those a parser does not
+:data:`llama_metaws.cli.server_flags.TABLE`: :func:`add_table_flags` registers those a parser does not
 define as refused (an error naming the flag, why and what to do instead) or as taken without
-effect, and :func:`llama_metaws.server_flags.env_arguments` reads their ``LLAMA_ARG_*`` variables.
+effect, and :func:`llama_metaws.cli.server_flags.env_arguments` reads their ``LLAMA_ARG_*`` variables.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import argparse
 from typing import List
 
 from . import server_flags
-from .engine import synthetic
-from .engine.limits import AUTO_DRAFT_MAX
+from ..engine import synthetic
+from ..engine.limits import AUTO_DRAFT_MAX
 
 
 class FlagParser(argparse.ArgumentParser):
@@ -45,7 +45,7 @@ NUMA = {"distribute": 1, "isolate": 2, "numactl": 3}
 ROPE_SCALING = {"none": 0, "linear": 1, "yarn": 2}
 #: llama-server's -np -1: this many slots, with a unified KV (tools/server/server.cpp)
 AUTO_PARALLEL = 4
-#: workspace modes the command line takes; unsafe-shared only through ``llama-metaws repro``
+#: workspace modes the command line takes; unsafe-shared only through ``llama-metaws-dev repro``
 CLI_WORKSPACE_MODES = ("alias", "private-meta")
 
 
@@ -157,7 +157,7 @@ def workspace_mode(text: str) -> str:
     if text == "unsafe-shared":
         raise argparse.ArgumentTypeError(
             "unsafe-shared shares meta buffers without an alias and aborts the process with GGML_ASSERT(tensor) "
-            "under tensor split; it exists to reproduce that: run `llama-metaws repro --mode unsafe-shared`")
+            "under tensor split; it exists to reproduce that: run `llama-metaws-dev repro --mode unsafe-shared`")
     if text not in CLI_WORKSPACE_MODES:
         raise argparse.ArgumentTypeError(f"{text!r} is not a workspace mode; one of {', '.join(CLI_WORKSPACE_MODES)}")
     return text
@@ -362,7 +362,7 @@ class _ListDevices(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from .engine.devices import list_devices
+        from ..engine.devices import list_devices
 
         print("Available devices:")
         for d in list_devices():
@@ -518,7 +518,7 @@ def chat_options(args: argparse.Namespace):
     """llama.cpp's chat layer's server-wide options from llama-server's flags."""
     import json
 
-    from .chat_layer import ChatOptions
+    from ..chat_layer import ChatOptions
 
     kwargs = {k: json.dumps(v) for k, v in (getattr(args, "chat_template_kwargs", None) or {}).items()}
     reasoning = {"on": 1, "off": 0, "auto": -1}[getattr(args, "reasoning", "auto")]
@@ -549,7 +549,7 @@ def _workspace(args: argparse.Namespace, draft: bool) -> dict:
 
 def llama_kwargs(args: argparse.Namespace) -> dict:
     """Our Llama's keyword arguments from llama.cpp's flags; a ValueError for flags that conflict."""
-    from .engine import fit
+    from ..engine import fit
 
     auto_np = args.parallel == -1
     n_seq = AUTO_PARALLEL if auto_np else args.parallel

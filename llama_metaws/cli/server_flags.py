@@ -1,8 +1,8 @@
 """Every flag of the vendored ``llama-server --help``, and what ``llama-metaws serve`` does with it.
 
-:data:`TABLE` is the one source: :mod:`llama_metaws.flags` registers the refused flags and the
+:data:`TABLE` is the one source: :mod:`llama_metaws.cli.flags` registers the refused flags and the
 environment variables from it, ``docs/server-flags.md`` is generated from it (:func:`markdown`;
-``python -m llama_metaws.server_flags > docs/server-flags.md``), and the tests read it. Each
+``python -m llama_metaws.cli.server_flags > docs/server-flags.md``), and the tests read it. Each
 :class:`Flag` is one option of llama-server's, with its spellings, its value, its ``LLAMA_ARG_*``
 variable (``common/arg.cpp``'s ``set_env``) and our verdict:
 
@@ -516,7 +516,7 @@ def markdown() -> str:
         "",
         "Every option of the vendored `llama-server --help` (llama.cpp as llama-cpp-python 0.3.36 vendors it),",
         "one row each, and what `llama-metaws serve` does with it. Generated from",
-        "`llama_metaws/server_flags.py` (`python -m llama_metaws.server_flags > docs/server-flags.md`); the",
+        "`llama_metaws/cli/server_flags.py` (`python -m llama_metaws.cli.server_flags > docs/server-flags.md`); the",
         "tests check that this file is what the table generates and that the table holds exactly the",
         "vendored llama-server's flags.",
         "",
@@ -535,7 +535,7 @@ def markdown() -> str:
         "Our own flags (not llama-server's): `--phase-aware-workspace` (accepted; the workspace is on",
         "wherever a draft context exists), `--no-phase-aware-workspace`, `--workspace-mode`,",
         "`--queue-size`, `--max-body-size`, `--no-mmap` (`-lm none`). The workspace mode that reproduces",
-        "the `GGML_ASSERT(tensor)` abort, `unsafe-shared`, is reachable only through `llama-metaws repro`.",
+        "the `GGML_ASSERT(tensor)` abort, `unsafe-shared`, is reachable only through `llama-metaws-dev repro`.",
         "The old `--checkpoint-every` is refused: `-cms/--checkpoint-min-step` replaced it.",
         "",
         "| llama-server flag | variable | serve | note |",

@@ -1,6 +1,6 @@
 """The GPU run kit: what a machine with an NVIDIA GPU and no network needs, prepared here.
 
-``llama-metaws gpu-kit [--out DIR]`` (``make gpu-kit``) writes a folder (``build/gpu-kit`` by
+``llama-metaws-dev gpu-kit [--out DIR]`` (``make gpu-kit``) writes a folder (``build/gpu-kit`` by
 default, well under the 64 MiB a device machine takes) holding:
 
 - ``llama.cpp.tar.gz``: the llama.cpp vendored in the pinned sdist with ``patches/series``
@@ -12,20 +12,21 @@ default, well under the 64 MiB a device machine takes) holding:
 - ``wheels/``: CPython 3.12 manylinux x86_64 wheels of everything llama-metaws needs (the
   binding built as a wheel without its native build, cffi, gguf, numpy, setuptools for cffi's
   compiler, pytest, nvidia-ml-py, and their own needs) and llama-metaws itself (its wheel made
-  from its sdist as pip makes it, without the native build: :func:`own_wheel`);
+  from its sdist as pip makes it, without the native build: :func:`own_wheel`; the developer
+  package's: :func:`dev_wheel`);
 - ``repo/``: this checkout's ``patches/``, ``native/``, ``tests/``, ``bench/`` and package,
   the source root of the build (``LLAMA_METAWS_SOURCE_ROOT``) and of the tests;
 - ``models/``: the tiny agreement MTP model that ``vram`` and ``repro`` run on
-  (:mod:`llama_metaws.testing`; the tests write their own);
+  (:mod:`llama_metaws.demo`; the tests write their own);
 - ``run.sh`` and ``report.py`` (from ``kit/`` in the checkout) and ``MANIFEST.json``.
 
 ``run.sh`` installs the wheels with ``pip --no-index``, builds for CUDA (``--cpu``: for the CPU)
 with llama-server in the same CMake tree, runs the CUDA subset of the suite, ``llama-metaws vram
---nvidia`` and the real-shape step (:mod:`llama_metaws.tools.sidebyside`: ours and llama-server side
+--nvidia`` and the real-shape step (:mod:`llama_metaws_dev.sidebyside`: ours and llama-server side
 by side on a model of Qwen3.5/3.6-27B's width and vocabulary), and writes ``run.log``,
 ``summary.json``, ``vram.json``, ``vram.png``, ``realshape.json`` and ``junit.xml`` under ``$OUT``.
 
-``llama-metaws gpu-kit --dry-run`` (``make gpu-kit-dry-run``) proves the kit self-contained:
+``llama-metaws-dev gpu-kit --dry-run`` (``make gpu-kit-dry-run``) proves the kit self-contained:
 ``run.sh --cpu`` into a fresh virtual environment and a fresh build cache, with no network
 (``unshare -rn`` where the kernel allows it, else pip's index off and every proxy pointed at a
 closed port), with the install, build, devices, a few tests, one vram configuration and the
@@ -47,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Sequence
 
-from ..native import build as _build
+from llama_metaws.native import build as _build
 
 Progress = Callable[[str], None]
 
@@ -86,7 +87,7 @@ DROP = ("tools/ui/*", "tools/ui/.*", "tools/server/tests", "tools/server/bench",
 KEEP_UI = ("CMakeLists.txt", "ui.cpp.in", "ui.h.in", "sources.cmake")
 
 #: The checkout's parts the kit carries (the build's source root and the tests).
-REPO_PARTS = ("llama_metaws", "native", "patches", "tests", "bench", "pyproject.toml", "README.md",
+REPO_PARTS = ("llama_metaws", "dev", "native", "patches", "tests", "bench", "pyproject.toml", "README.md",
               "Makefile")
 TEMPLATE_DIR = "kit"  # run.sh and report.py, in the checkout
 
@@ -153,7 +154,7 @@ def make_source(out: Path, progress: Progress = _stderr) -> dict:
         _build.apply_patches(src, patches, progress)
         dropped = trim(src)
         manifest = _build.write_source_manifest(src, patches, trimmed=dropped,
-                                                recipe=f"llama_metaws.tools.gpukit KEEP ({KIT_FORMAT})")
+                                                recipe=f"llama_metaws_dev.gpukit KEEP ({KIT_FORMAT})")
         n_files = sum(1 for p in src.rglob("*") if p.is_file())
         size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
         with tarfile.open(out / "llama.cpp.tar.gz", "w:gz", compresslevel=9) as tar:
@@ -210,6 +211,25 @@ def own_wheel(dest: Path) -> Path:
         return dest / whl.name
 
 
+def dev_wheel(dest: Path) -> Path:
+    """The developer package (``dev/``: the tests' builders, the real-shape step, the assert's
+    reproduction, the tools build) as a pure wheel: run.sh installs it beside llama-metaws."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp,
+              str(_build.source_root() / "dev")], "llama-metaws-dev's wheel")
+        (whl,) = Path(tmp).glob("llama_metaws_dev-*.whl")
+        shutil.copy2(whl, dest / whl.name)
+        return dest / whl.name
+
+
+def _dev_version() -> str:
+    text = (_build.source_root() / "dev" / "pyproject.toml").read_text()
+    for line in text.splitlines():
+        if line.strip().startswith("version"):
+            return line.split("=", 1)[1].strip().strip('"')
+    raise KitError("no version in dev/pyproject.toml")
+
+
 def _version() -> str:
     text = (_build.source_root() / "pyproject.toml").read_text()
     for line in text.splitlines():
@@ -219,8 +239,9 @@ def _version() -> str:
 
 
 def requirements() -> List[str]:
-    """What run.sh installs: llama-metaws with its nvidia extra, and EXTRA_REQUIREMENTS."""
-    return [f"llama-metaws[nvidia]=={_version()}", *EXTRA_REQUIREMENTS]
+    """What run.sh installs: llama-metaws with its nvidia extra, the developer package, and
+    EXTRA_REQUIREMENTS."""
+    return [f"llama-metaws[nvidia]=={_version()}", f"llama-metaws-dev=={_dev_version()}", *EXTRA_REQUIREMENTS]
 
 
 def download_wheels(wheels: Path, python_versions: Iterable[str], progress: Progress = _stderr) -> None:
@@ -289,7 +310,7 @@ def kit_size(kit: Path) -> int:
 def make_kit(out: Optional[Path] = None, python_versions: Sequence[str] = DEFAULT_PYTHON_VERSIONS,
              progress: Progress = _stderr) -> Path:
     """Make the kit into ``out`` (replaced if it exists); returns its folder."""
-    from ..testing import make_tiny_mtp_model
+    from llama_metaws.demo.model import make_tiny_mtp_model
 
     out = Path(out) if out else default_out()
     root = _build.source_root()
@@ -304,6 +325,7 @@ def make_kit(out: Optional[Path] = None, python_versions: Sequence[str] = DEFAUL
         wheels.mkdir()
         shutil.copy2(binding_wheel(progress), wheels)
         own_wheel(wheels)
+        dev_wheel(wheels)
         download_wheels(wheels, python_versions, progress)
         for v in python_versions:
             check_wheels(wheels, v)
@@ -349,7 +371,7 @@ def make_kit(out: Optional[Path] = None, python_versions: Sequence[str] = DEFAUL
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    progress(f"llama-metaws gpu-kit: {out} ({size / 2**20:.1f} MiB, {len(files)} files) "
+    progress(f"llama-metaws-dev gpu-kit: {out} ({size / 2**20:.1f} MiB, {len(files)} files) "
              f"in {time.monotonic() - t0:.0f} s")
     return out
 
@@ -501,6 +523,6 @@ def run_from_args(args: argparse.Namespace) -> int:
         else:
             print(kit)
     except (KitError, _build.BuildError) as e:
-        print(f"llama-metaws gpu-kit: {e}", file=sys.stderr)
+        print(f"llama-metaws-dev gpu-kit: {e}", file=sys.stderr)
         return 1
     return 0

@@ -32,7 +32,7 @@ class ModelMissing(RuntimeError):
 
 def _models_dir(cache: Optional[Path]) -> Path:
     if cache is None:
-        from ..native.build import cache_root
+        from llama_metaws.paths import cache_root
 
         cache = cache_root()
     return Path(cache) / "models"

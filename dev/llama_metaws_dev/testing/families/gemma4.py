@@ -32,9 +32,9 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from .agreement import agreement_plan, check_agreement, design_tensors
+from llama_metaws.demo.agreement import agreement_plan, check_agreement, design_tensors
 from .check import check_draft_model, check_model
-from .layout import EMBD, FIXED, HEAD, Dims, Layout, constant, materialize, write
+from llama_metaws.tools.layouts.layout import EMBD, FIXED, HEAD, Dims, Layout, constant, materialize, write
 
 __all__ = ["gemma4", "gemma4_assistant", "make_gemma4_pair", "gemma4_plan", "TARGET_DIMS", "ASSISTANT_DIMS"]
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Union
 
-from ..vram.harness import Configuration, run_configuration
+from llama_metaws.tools.vram.harness import Configuration, run_configuration
 from .server import ServerConfiguration, on_devices, run_server_configuration
 from .shapes import SHAPES, Costs, Shape, choose_layers, estimated_bytes, write_model
 
@@ -41,7 +41,7 @@ MIN_ROW_S = 10.0
 
 @dataclasses.dataclass
 class Settings:
-    """The step's arguments (``python -m llama_metaws.tools.sidebyside --help``)."""
+    """The step's arguments (``python -m llama_metaws_dev.sidebyside --help``)."""
 
     work: Path
     out: Path
@@ -87,7 +87,7 @@ def _free_device_bytes(devices: Sequence[str], nvidia: bool) -> Optional[int]:
     """Memory free where the weights go: NVML's free bytes over every GPU (the devices may name
     one GPU twice, or virtual ones), else the host's MemAvailable for CPU devices."""
     if nvidia and on_devices(devices):
-        from ..vram.sources import import_pynvml
+        from llama_metaws.tools.vram.sources import import_pynvml
 
         nv = import_pynvml()
         try:
@@ -113,7 +113,7 @@ def _free_device_bytes(devices: Sequence[str], nvidia: bool) -> Optional[int]:
 def _prompt(settings: Settings) -> List[int]:
     """The prompt: tokens along the model's successor cycle (any valid ids would do at a
     synthetic acceptance; these are the ones the model continues as designed)."""
-    from ...testing import mtp_model_plan
+    from llama_metaws.demo.realshape import mtp_model_plan
 
     cycle = mtp_model_plan(settings.acceptance, n_vocab=settings.shape.n_vocab,
                            n_embd=settings.shape.n_embd)["cycle"]
@@ -123,7 +123,7 @@ def _prompt(settings: Settings) -> List[int]:
 def _find_server(settings: Settings) -> Optional[Path]:
     if settings.server is not None:
         return settings.server
-    from ...native.tools_build import find_tools
+    from ..tools_build import find_tools
 
     found = find_tools()
     return found["llama-server"] if found else None

@@ -1,7 +1,7 @@
 """The GPU run kit's real-shape step: our configurations and llama-server's, side by side.
 
-``python -m llama_metaws.tools.sidebyside`` (``run.sh``'s ``realshape`` step) writes a qwen35 MTP
-model at Qwen3.5/3.6-27B's width, FFN and vocabulary (:func:`llama_metaws.testing.make_mtp_model`,
+``python -m llama_metaws_dev.sidebyside`` (``run.sh``'s ``realshape`` step) writes a qwen35 MTP
+model at Qwen3.5/3.6-27B's width, FFN and vocabulary (:func:`llama_metaws.demo.realshape.make_mtp_model`,
 as many layers as the budget allows, q8_0) into the kit's work folder, then runs each
 configuration in its own process: ours with MTP drafting under tensor split with the alias and
 with private meta buffers, ours without drafting, llama-server (built from the same patched tree)

@@ -1,7 +1,7 @@
 """Real-shape MTP models: a ``qwen35`` with a real vocabulary and real proportions.
 
-:func:`make_mtp_model` (re-exported by :mod:`llama_metaws.testing`, next to the tiny builders)
-generalizes :func:`llama_metaws.testing.make_tiny_mtp_model`'s agreement design to
+:func:`make_mtp_model` (re-exported by :mod:`llama_metaws_dev.testing`, next to the tiny builders)
+generalizes :func:`llama_metaws_dev.testing.make_tiny_mtp_model`'s agreement design to
 ``n_vocab > n_embd``; see its docstring. This module imports nothing of the tiny builders (they
 re-export it); the few constants both use are repeated here and checked equal by the tests.
 """
@@ -18,7 +18,7 @@ from .metadata import add_metadata
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# the tiny models' figures (llama_metaws.testing: N_VOCAB, LOGIT_MARGIN, CHAT_TEMPLATE, ...)
+# the tiny models' figures (llama_metaws_dev.testing: N_VOCAB, LOGIT_MARGIN, CHAT_TEMPLATE, ...)
 N_VOCAB = 128
 LOGIT_MARGIN = 10.0
 CHAT_TEMPLATE = (
@@ -225,7 +225,7 @@ def mtp_model_path(**kwargs: object) -> Path:
     import hashlib
     import json
 
-    from ..native.build import cache_root
+    from ..paths import cache_root
 
     args = _mtp_model_args(**{**BENCH_SHAPE, "agreement": 1.0, "dtype": "f16", "seed": 0, **kwargs})
     digest = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]

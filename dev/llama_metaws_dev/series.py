@@ -165,7 +165,7 @@ def check(work: Path, patches: Sequence[Path], jobs_env: dict) -> List[dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llama_metaws.native.series", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m llama_metaws_dev.series", description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=None,
                         help="where the tree and the build directories live (default: build/series-check)")
     args = parser.parse_args(argv)

@@ -10,7 +10,7 @@ Each case runs in its own subprocess (an abort is the expected outcome of some):
   same split without drafting.
 
 ``unsafe-shared`` must die with ``GGML_ASSERT(tensor)``; ``alias`` and ``private-meta`` must
-pass. ``run_cases()`` returns one record per case; ``llama-metaws repro`` prints them.
+pass. ``run_cases()`` returns one record per case; ``llama-metaws-dev repro`` prints them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
-from .children import run_child
+from llama_metaws.tools.children import run_child
 
 LEVELS = ("ggml", "llama")
 MODES = ("unsafe-shared", "private-meta", "alias")
@@ -32,7 +32,7 @@ N_PREDICT = 16
 
 
 def _case_ggml(mode: str) -> str:
-    from ..native.shim import check_error, ffi, lib
+    from llama_metaws.native.shim import check_error, ffi, lib
 
     sharing = {"alias": lib.GGML_GALLOCR_META_ALIAS, "private-meta": lib.GGML_GALLOCR_META_PRIVATE,
                "unsafe-shared": lib.GGML_GALLOCR_META_UNSAFE}[mode]
@@ -42,9 +42,9 @@ def _case_ggml(mode: str) -> str:
 
 
 def _case_llama(mode: str, model_path: str, devices: Sequence[str]) -> str:
-    from ..engine.contexts import greedy_tokens, load_model, new_context
-    from ..engine.core import Engine
-    from ..engine.workspace import Workspace
+    from llama_metaws.engine.contexts import greedy_tokens, load_model, new_context
+    from llama_metaws.engine.core import Engine
+    from llama_metaws.engine.workspace import Workspace
 
     draft_max = 3
     model = load_model(model_path, devices=list(devices), split_mode="tensor", load_mtp=True)
@@ -89,7 +89,7 @@ def _child(level: str, mode: str, model_path: Optional[str], devices: Sequence[s
 
 def default_devices() -> List[str]:
     """The llama level's devices: ``LLAMA_METAWS_TEST_DEVICES`` cycled to two, else CPU,CPU."""
-    from ..testing import split_devices
+    from .testing import split_devices
 
     return split_devices(2)
 
@@ -102,7 +102,7 @@ def run_case(level: str, mode: str, *, model_path: Optional[str] = None, timeout
     level always builds its meta device over two CPU devices."""
     if level not in LEVELS or mode not in MODES:
         raise ValueError(f"unknown case {level}/{mode}: levels {LEVELS}, modes {MODES}")
-    cmd = [sys.executable, "-m", "llama_metaws.tools.repro", "--child", level, mode,
+    cmd = [sys.executable, "-m", "llama_metaws_dev.repro", "--child", level, mode,
            "--device", ",".join(devices or default_devices())]
     if model_path:
         cmd += ["--model", os.fspath(model_path)]
@@ -116,7 +116,7 @@ def run_cases(levels: Sequence[str] = LEVELS, modes: Sequence[str] = MODES,
     """Every (level, mode) case, each in its own subprocess."""
     with tempfile.TemporaryDirectory() as tmp:
         if "llama" in levels and model_path is None:
-            from ..testing import make_tiny_mtp_model
+            from llama_metaws.demo.model import make_tiny_mtp_model
 
             model_path = os.fspath(make_tiny_mtp_model(os.path.join(tmp, "tiny-mtp.gguf"), agreement=0.8))
         records = []
@@ -133,7 +133,7 @@ def as_expected(record: Dict[str, str]) -> bool:
 
 
 def _main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m llama_metaws.tools.repro")
+    p = argparse.ArgumentParser(prog="python -m llama_metaws_dev.repro")
     p.add_argument("--child", nargs=2, metavar=("LEVEL", "MODE"), required=True)
     p.add_argument("--model")
     p.add_argument("--device", default="CPU,CPU")

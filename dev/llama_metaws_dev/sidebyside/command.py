@@ -1,4 +1,4 @@
-"""``python -m llama_metaws.tools.sidebyside``: the real-shape step's flags and its run."""
+"""``python -m llama_metaws_dev.sidebyside``: the real-shape step's flags and its run."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .step import ROWS, Settings, run_step
 def parser() -> argparse.ArgumentParser:
     d = Settings(work=Path("."), out=Path("."), devices=[], shape=SHAPES["small"])
     p = argparse.ArgumentParser(
-        prog="python -m llama_metaws.tools.sidebyside",
+        prog="python -m llama_metaws_dev.sidebyside",
         description="The GPU run kit's real-shape step: a qwen35 MTP model at a real width and vocabulary, "
         "written into --work, then each configuration in its own process (ours: alias and private meta "
         "buffers under tensor split, no drafting, layer split; llama-server: draft-mtp and no drafting) "

@@ -2,7 +2,7 @@
 
 The token-level plan (what the target continues with, what each head drafts) and the three
 kinds of tensors that carry it, for any width and any number of heads. The qwen35 builder
-(:func:`llama_metaws.testing.make_tiny_mtp_model`) and every family builder draw it the same
+(:func:`llama_metaws_dev.testing.make_tiny_mtp_model`) and every family builder draw it the same
 way, so the same seed gives the same plan.
 
 * ``token_embd`` rows ``e_t`` are orthonormal (QR of a seeded Gaussian): every norm maps

@@ -9,7 +9,7 @@ The registry :data:`FAMILIES` maps an architecture to its :class:`Family`;
 :func:`check_model` loads it through llama.cpp in a child process, raising
 :class:`FamilyModelError` with llama.cpp's own message if it refuses the file.
 
-    >>> from llama_metaws.testing.families import FAMILIES, make_family_model
+    >>> from llama_metaws_dev.testing.families import FAMILIES, make_family_model
     >>> path = make_family_model("glm4moe", "/tmp/glm4moe.gguf", seed=1, agreement=0.8)
 """
 
@@ -22,11 +22,11 @@ from typing import Callable, Dict, Optional, Union
 
 import numpy as np
 
-from ...native.archs import MTP_GRAPH_ARCHS, NO_TENSOR_SPLIT_ARCHS
-from . import deepseek4 as _deepseek4, gqa_moe as _gqa, hybrid as _hybrid, mla as _mla, qwen as _qwen
-from .agreement import Agreement, agreement_plan, check_agreement, design_tensors
+from llama_metaws.native.archs import MTP_GRAPH_ARCHS, NO_TENSOR_SPLIT_ARCHS
+from llama_metaws.tools.layouts import LAYOUTS
+from llama_metaws.demo.agreement import Agreement, agreement_plan, check_agreement, design_tensors
 from .check import FamilyModelError, check_model, check_models
-from .layout import Dims, Layout, materialize, write
+from llama_metaws.tools.layouts.layout import Dims, Layout, materialize, write
 
 __all__ = ["Family", "FAMILIES", "MTP_FAMILIES", "make_family_model", "family_plan", "family_layout",
            "check_model", "check_models", "FamilyModelError", "Dims"]
@@ -76,30 +76,30 @@ def _qwen35_tiny(path, *, seed, agreement):
     return make_tiny_mtp_model(path, seed=seed, agreement=agreement)
 
 
-def _family(arch, example, recurrent, build, tiny=None, **dims) -> Family:
-    return Family(arch, example, recurrent, build, Dims(**dims), tiny)
+def _family(arch, example, recurrent, tiny=None, **dims) -> Family:
+    return Family(arch, example, recurrent, LAYOUTS[arch], Dims(**dims), tiny)
 
 
 FAMILIES: Dict[str, Family] = {f.arch: f for f in (
-    _family("qwen35", "Qwen3.5/3.6 dense (the seed's Qwen3.8-27B)", True, _qwen.qwen35, _qwen35_tiny),
-    _family("qwen35moe", "Qwen3.6-35B-A3B", True, _qwen.qwen35moe),
-    _family("qwen3next", "Qwen3-Next-80B-A3B", True, _qwen.qwen3next),
-    _family("glm4moe", "GLM-4.5-Air", False, _gqa.glm4moe),
-    _family("glm-dsa", "GLM-5.2", False, _mla.glm_dsa),
-    _family("deepseek2", "GLM-4.7-Flash (MLA)", False, _mla.deepseek2),
-    _family("deepseek32", "DeepSeek-V3.2", False, _mla.deepseek32),
+    _family("qwen35", "Qwen3.5/3.6 dense (the seed's Qwen3.8-27B)", True, _qwen35_tiny),
+    _family("qwen35moe", "Qwen3.6-35B-A3B", True),
+    _family("qwen3next", "Qwen3-Next-80B-A3B", True),
+    _family("glm4moe", "GLM-4.5-Air", False),
+    _family("glm-dsa", "GLM-5.2", False),
+    _family("deepseek2", "GLM-4.7-Flash (MLA)", False),
+    _family("deepseek32", "DeepSeek-V3.2", False),
     # an indexer head as wide as the attention head makes llama.cpp build a Hadamard rotation
     # for the empty full-attention KV cache of the MTP context (every block here is SWA), and
     # sizing it divides by zero (llama_kv_cache::build_input_k_rot): DeepSeek-V4's are 128/512
-    _family("deepseek4", "DeepSeek-V4", True, _deepseek4.deepseek4, indexer_dim=128),
-    _family("mimo2", "MiMo-V2.5 / MiMo-V2-Flash", False, _gqa.mimo2, n_nextn=3),
-    _family("step35", "Step-3.5-Flash", False, _gqa.step35, n_nextn=3),
-    _family("nemotron_h_moe", "Nemotron-3 (Nemotron-H MoE)", True, _hybrid.nemotron_h_moe, n_layer=3),
-    _family("nemotron_h", "Nemotron-H (dense arch, NextN layers, no MTP graph)", True, _hybrid.nemotron_h,
+    _family("deepseek4", "DeepSeek-V4", True, indexer_dim=128),
+    _family("mimo2", "MiMo-V2.5 / MiMo-V2-Flash", False, n_nextn=3),
+    _family("step35", "Step-3.5-Flash", False, n_nextn=3),
+    _family("nemotron_h_moe", "Nemotron-3 (Nemotron-H MoE)", True, n_layer=3),
+    _family("nemotron_h", "Nemotron-H (dense arch, NextN layers, no MTP graph)", True,
             n_layer=3),
-    _family("bailingmoe3", "Ling/Ring 3.0 (bailingmoe3)", True, _hybrid.bailingmoe3),
-    _family("hy_v3", "Hunyuan V3", False, _gqa.hy_v3),
-    _family("cohere2moe", "Command A MoE (cohere2moe)", False, _gqa.cohere2moe),
+    _family("bailingmoe3", "Ling/Ring 3.0 (bailingmoe3)", True),
+    _family("hy_v3", "Hunyuan V3", False),
+    _family("cohere2moe", "Command A MoE (cohere2moe)", False),
 )}
 
 #: the families llama.cpp drafts for

@@ -1,6 +1,6 @@
 """The real-shape model of the side-by-side step: its shape, how many layers fit, where it is kept.
 
-The model is :func:`llama_metaws.testing.make_mtp_model`'s qwen35 with one NextN block, written
+The model is :func:`llama_metaws.demo.realshape.make_mtp_model`'s qwen35 with one NextN block, written
 on the machine that runs the step (no download) into the kit's work folder, and found there
 again by its arguments on a second run.
 """
@@ -132,7 +132,7 @@ def write_model(work: os.PathLike, shape: Shape, n_layer: int, dtype: str = "q8_
                 agreement: float = 0.75) -> Path:
     """make_mtp_model into the work folder; a model already there with the same arguments is
     returned at once (make_mtp_model's own stamp)."""
-    from ...testing import make_mtp_model
+    from llama_metaws.demo.realshape import make_mtp_model
 
     return make_mtp_model(model_path(work, shape, n_layer, dtype, agreement), n_vocab=shape.n_vocab,
                           n_embd=shape.n_embd, n_layer=n_layer, n_ff=shape.n_ff, agreement=agreement,

@@ -10,8 +10,8 @@ its model, a Gemma 4 assistant): the child loads the target and the draft as lla
 ``-md FILE --spec-type draft-mtp`` (the draft an MTP context of its own model, ``ctx_other`` the
 target's context), decodes a prompt on the target and one drafting step on the draft.
 
-Run as ``python -m llama_metaws.testing.families.check [--no-draft] FILE...`` or
-``python -m llama_metaws.testing.families.check --draft-for TARGET DRAFT``.
+Run as ``python -m llama_metaws_dev.testing.families.check [--no-draft] FILE...`` or
+``python -m llama_metaws_dev.testing.families.check --draft-for TARGET DRAFT``.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def _run(argv: List[str], paths: List[str], timeout: float) -> None:
 def _check(path: str, draft: bool) -> None:
     import numpy as np
 
-    from ...native.binding import _internals, llama_cpp, set_verbose
-    from ...native.params import set_fields
+    from llama_metaws.native.binding import _internals, llama_cpp, set_verbose
+    from llama_metaws.native.params import set_fields
 
     set_verbose(True)
     mparams = llama_cpp.llama_model_default_params()
@@ -103,9 +103,9 @@ def _check(path: str, draft: bool) -> None:
 def _check_draft(target: str, draft: str) -> None:
     import numpy as np
 
-    from ...engine.batch import Batch
-    from ...native.binding import _internals, llama_cpp, llama_ext, set_verbose
-    from ...native.params import set_fields
+    from llama_metaws.engine.batch import Batch
+    from llama_metaws.native.binding import _internals, llama_cpp, llama_ext, set_verbose
+    from llama_metaws.native.params import set_fields
 
     set_verbose(True)
 

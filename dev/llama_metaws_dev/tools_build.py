@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
-from .build import (
+from llama_metaws.native.build import (
     BASE_CMAKE_ARGS,
     STEPS,
     Build,

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..vram.probe import device_keys
-from ..vram.sources import NvmlSource, SamplerError, read_rss
+from llama_metaws.tools.vram.probe import device_keys
+from llama_metaws.tools.vram.sources import NvmlSource, SamplerError, read_rss
 
 MiB = 2**20
 _COMPUTE = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
@@ -195,7 +195,7 @@ def run_server_configuration(cfg: ServerConfiguration, *, server: os.PathLike, m
     the log). ``tokens_per_s`` is the measured requests' ``predicted_n - 1`` tokens over their
     ``predicted_ms`` (llama-server's ``predicted_per_second``: the first token comes with the
     prompt), acceptance their ``draft_n_accepted`` over ``draft_n``."""
-    from ...testing import free_port
+    from ..testing import free_port
 
     t0 = time.monotonic()
     deadline = t0 + timeout

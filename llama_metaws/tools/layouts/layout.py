@@ -222,7 +222,7 @@ def per_layer(layout: Layout, values: Sequence[int]) -> List[int]:
 def write(layout: Layout, path: Path, tensors: List[Tuple[str, np.ndarray]]) -> Path:
     """The GGUF file: metadata, the TEST tokenizer (the last token ends generation), the tensors
     in f32."""
-    from .. import _Tensors, _write_gguf  # the writer every tiny model shares
+    from ...demo.model import _Tensors, _write_gguf  # the writer every tiny model shares
 
     t = _Tensors(np.random.default_rng(0))
     for name, value in tensors:
@@ -239,8 +239,8 @@ def write_header(layout: Layout, path: Path, tensor_type: Callable[[str, Tuple[i
 
     import gguf
 
-    from ..metadata import add_metadata
-    from ..vocab import write_vocab
+    from ...demo.metadata import add_metadata
+    from ...demo.vocab import write_vocab
 
     w = gguf.GGUFWriter(str(path), layout.arch)
     w.add_name(f"planned-{layout.arch}")

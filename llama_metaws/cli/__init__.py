@@ -1,18 +1,29 @@
-"""``llama-metaws``: build the patched llama.cpp, list devices, run the demo, plan memory, make the
-GPU run kit, generate, serve, and serve this host's devices over ggml's RPC."""
+"""``llama-metaws``, the user's command line: build the patched llama.cpp, list devices, run the
+demo, plan memory, compare the workspace modes' memory, generate, serve, and serve this host's
+devices over ggml's RPC.
+
+llama.cpp's flags for ``serve`` and ``generate`` (:mod:`.flags`) and llama-server's option table
+(:mod:`.server_flags`) live beside it. The developers' commands (the GPU run kit, the assert's
+reproduction, the series check, llama.cpp's tools) are ``llama-metaws-dev``'s, in the developer
+package ``dev/`` that the wheel leaves out.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import List, Optional
 
-from . import flags, server_flags
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .native import build, manifest, tools_build
+    from ..native import build, manifest
+
+    tools_build = _tools_build() if args.tools else None
+    if args.tools and tools_build is None:
+        print("llama-metaws build --tools: llama.cpp's tools are built by the developer package "
+              "(pip install -e dev/ in a checkout: make setup does)", file=sys.stderr)
+        return 2
 
     try:
         bundled = _bundled_build(build, manifest)
@@ -46,6 +57,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tools_build():
+    """The developer package's tools build (``llama_metaws_dev.tools_build``), if installed."""
+    try:
+        from llama_metaws_dev import tools_build
+    except ImportError:
+        return None
+    return tools_build
+
+
 def _bundled_build(build, manifest):
     """The build ``pip install`` bundled into this installed package, while the manifest names it."""
     try:
@@ -56,7 +76,7 @@ def _bundled_build(build, manifest):
 
 
 def _print_devices() -> None:
-    from .engine.devices import list_devices
+    from ..engine.devices import list_devices
 
     print("devices:")
     for d in list_devices():
@@ -66,7 +86,7 @@ def _print_devices() -> None:
 
 def _cmd_devices(args: argparse.Namespace) -> int:
     if args.rpc:
-        from .engine import rpc
+        from ..engine import rpc
 
         try:
             rpc.connect(args.rpc)  # the servers' devices join the registry
@@ -77,99 +97,27 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_model() -> Path:
-    """The embedded default: the tiny MTP model, made once into the cache."""
-    from .native.build import cache_root
-    from .testing import make_tiny_mtp_model
-
-    path = cache_root() / "models" / "tiny-qwen35-mtp-agreement-0.8.gguf"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return make_tiny_mtp_model(path, agreement=0.8)  # written anew: cheap, and always current
-
-
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """Devices, a short MTP completion, then the workspace modes compared (memory per device) on the
-    embedded tiny model."""
-    from .tools import vram
-    from .llama import Llama
+    from .demo import run
 
-    _print_devices()
-    model_path = Path(args.model) if args.model else _default_model()
-    devices = [d.strip() for d in args.device.split(",") if d.strip()]
-    print(f"\nmodel: {model_path}")
-    with Llama(str(model_path), draft="mtp", devices=devices, split_mode="tensor", n_ctx=256,
-               n_batch=64, n_ubatch=64, verbose=args.verbose) as llm:
-        out = llm(args.prompt, max_tokens=args.n_predict, temperature=0.0)["choices"][0]["text"]
-        print(f"greedy completion of {args.prompt!r} with MTP drafting, tensor split over "
-              f"{','.join(devices)}: {out!r}")
-        print(f"draft acceptance {llm.draft_stats.last.acceptance:.1%}; shared workspace: " + ", ".join(
-            f"{e.buffer_type} {e.allocated:,} B (alias={e.alias})" for e in llm.workspace_stats()))
-
-    print("\nthe workspace modes compared (memory per device), each configuration in its own process "
-          "(unsafe-shared is expected to die with GGML_ASSERT(tensor)):", flush=True)
-    records = vram.run_configurations(model=str(model_path), devices=devices)
-    print(vram.format_table(records))
-    _real_vocabulary_row()
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        print("(install the plot extra for a picture: pip install -e '.[plot]')")
-    else:
-        print(f"plot: {vram.plot(records, args.plot)}")
-    return 0 if all(vram.as_expected(r) for r in records) else 1
-
-
-def _real_vocabulary_row() -> None:
-    """Held compute at a real vocabulary, ours beside llama.cpp's reservation with llama-server's limits."""
-    from .testing import make_mtp_model
-    from .tools.reservation import REAL_VOCAB_SHAPE, held_side_by_side
-
-    path = make_mtp_model(**REAL_VOCAB_SHAPE)  # cached after the first demo
-    side = held_side_by_side(str(path))
-    print(f"\nat a real vocabulary ({side.n_vocab:,} tokens; n_embd {REAL_VOCAB_SHAPE['n_embd']}, "
-          f"{REAL_VOCAB_SHAPE['n_layer']} layers, one CPU), -np 2 -ub 512 -c 4096 --spec-type draft-mtp "
-          "--spec-draft-n-max 3, compute held:", flush=True)
-    print("\n".join(side.lines()))
+    return run(args, print_devices=_print_devices)
 
 
 def _cmd_vram(args: argparse.Namespace) -> int:
-    from .tools import vram
+    from ..tools import vram
 
     return vram.run_from_args(args)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .tools import plan
+    from ..tools import plan
 
     return plan.run_from_args(args)
 
 
-def _cmd_gpu_kit(args: argparse.Namespace) -> int:
-    from .tools import gpukit
-
-    return gpukit.run_from_args(args)
-
-
-def _cmd_repro(args: argparse.Namespace) -> int:
-    import json
-
-    from .tools.repro import LEVELS, MODES, as_expected, format_line, run_cases
-
-    levels = [args.level] if args.level else list(LEVELS)
-    modes = [args.mode] if args.mode else list(MODES)
-    devices = [d.strip() for d in args.device.split(",") if d.strip()] if args.device else None
-    records = run_cases(levels, modes, model_path=args.model, devices=devices,
-                        progress=lambda line: print(line, file=sys.stderr, flush=True))
-    if args.json:
-        print(json.dumps(records, indent=2))
-    else:
-        for r in records:
-            print(format_line(r))
-    return 0 if all(as_expected(r) for r in records) else 1
-
-
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from .llama import Llama
+    from . import flags
+    from ..llama import Llama
 
     try:
         llm = Llama(args.model, **flags.llama_kwargs(args))
@@ -199,7 +147,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_rpc_server(args: argparse.Namespace) -> int:
-    from .engine import rpc
+    from ..engine import rpc
 
     devices = [d.strip() for d in args.device.split(",") if d.strip()] if args.device else None
     try:
@@ -210,16 +158,17 @@ def _cmd_rpc_server(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .server import serve
+    from ..server import serve
 
     return serve(args)
 
 
 def make_parser() -> argparse.ArgumentParser:
+    from . import flags  # here, not at import: `python -m llama_metaws.cli.server_flags` runs alone
     p = flags.FlagParser(
         prog="llama-metaws",
         description="MTP speculative decoding for llama-cpp-python with a phase-aware "
-        "compute workspace (see README.md).",
+        "compute workspace (docs/command-line.md; the developers' commands: llama-metaws-dev).",
     )
     sub = p.add_subparsers(dest="command", required=True, parser_class=flags.FlagParser)
     p.allow_abbrev = False
@@ -234,7 +183,7 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--tools", action="store_true",
                    help="also build llama.cpp's llama-speculative-simple, llama-bench, llama-server "
                    "and llama-batched-bench from the same patched tree (cached under a key of their "
-                   "own; paths in the manifest)")
+                   "own; paths in the manifest), for the benches: needs the developer package (dev/)")
     b.set_defaults(func=_cmd_build)
 
     d = sub.add_parser("devices", help="list ggml's devices")
@@ -255,28 +204,13 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--plot", default="vram.png", help="where the plot goes (default vram.png)")
     m.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
     m.set_defaults(func=_cmd_demo)
-    r = sub.add_parser("repro", help="reproduce GGML_ASSERT(tensor) of a shared meta buffer, and the fix",
-                       description="Run each case in its own subprocess: the ggml level (a two-device "
-                       "CPU meta backend, owner/borrower/owner in one shared buffer) and the llama level "
-                       "(the tiny MTP model under tensor split over CPU,CPU, or --device, with the workspace and MTP "
-                       "drafting), for the modes unsafe-shared (expected to abort with "
-                       "GGML_ASSERT(tensor)), private-meta and alias (expected to pass). Exit status 0 "
-                       "when every case behaved as expected.")
-    r.add_argument("--level", choices=["ggml", "llama"], help="only this level")
-    r.add_argument("--mode", choices=["unsafe-shared", "private-meta", "alias"], help="only this mode")
-    r.add_argument("-m", "--model", help="GGUF model with nextn layers for the llama level (default: tiny)")
-    r.add_argument("-dev", "--device", help="the llama level's tensor split, e.g. CUDA0,CUDA0 (default: "
-                   "LLAMA_METAWS_TEST_DEVICES cycled to two, else CPU,CPU)")
-    r.add_argument("--json", action="store_true",
-                   help="print a JSON list of {level, mode, result, message} instead of lines")
-    r.set_defaults(func=_cmd_repro)
 
     vr = sub.add_parser("vram", allow_abbrev=False,
                         help="the workspace modes compared: memory per device over load and requests",
                         description="Run each configuration in its own process, sample memory per device "
                         "(exact ggml compute bytes; pynvml with --nvidia), print configuration, result, "
                         "tokens/s, draft acceptance and peak per device.")
-    from .tools.vram import add_arguments as _vram_arguments
+    from ..tools.vram import add_arguments as _vram_arguments
 
     _vram_arguments(vr)
     vr.set_defaults(func=_cmd_vram)
@@ -287,22 +221,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "MTP draft contexts on it) for weights, KV, recurrent state and compute per "
                         "device, and the compute held under the workspace modes off, private-meta "
                         "and alias. Reads no weights.")
-    from .tools.plan import add_arguments as _plan_arguments
+    from ..tools.plan import add_arguments as _plan_arguments
 
     _plan_arguments(pl)
     pl.set_defaults(func=_cmd_plan)
-    gk = sub.add_parser("gpu-kit", allow_abbrev=False,
-                        help="prepare here the folder a machine with an NVIDIA GPU and no network runs",
-                        description="Write the GPU run kit: the patched llama.cpp trimmed for a CPU+CUDA "
-                        "build, CPython 3.12 manylinux wheels of every dependency and of llama-metaws, the "
-                        "tiny models and run.sh (install offline, build for CUDA sm_90, the CUDA subset of "
-                        "the suite, llama-metaws vram --nvidia; results under $OUT). --dry-run then runs "
-                        "run.sh --cpu from the kit alone, with no network, into a fresh venv.")
-    from .tools.gpukit import add_arguments as _gpukit_arguments
-
-    _gpukit_arguments(gk)
-    gk.set_defaults(func=_cmd_gpu_kit)
-
     g = sub.add_parser("generate", allow_abbrev=False,
                        help="generate text with llama.cpp's flags (MTP drafting, tensor split, workspace)",
                        description="Complete a prompt with the patched Llama. Flags follow llama.cpp, e.g. "
@@ -366,6 +288,8 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 def _llama_argv(sub: argparse.ArgumentParser, argv: List[str]) -> List[str]:
     """A llama.cpp command line as llama.cpp reads it: its LLAMA_ARG_* variables first (the command
     line after them wins), and a long flag spelled with underscores (--ctx_size) read with dashes."""
+    from . import server_flags
+
     known = set(sub._option_string_actions)
     out = []
     for a in argv:
@@ -375,6 +299,8 @@ def _llama_argv(sub: argparse.ArgumentParser, argv: List[str]) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from . import server_flags
+
     parser = make_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     sub = None
