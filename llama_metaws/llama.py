@@ -75,7 +75,7 @@ import os
 import random
 import threading
 import time
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -97,7 +97,8 @@ from .engine.drafting import AdaptiveLength
 from .engine.gguf_meta import architecture as _gguf_arch, nextn_layers as _gguf_nextn_layers
 from .native.archs import check_mtp_graph, check_tensor_split as check_arch_tensor_split
 from .engine.limits import check_draft_max
-from .engine.request import DraftStatsReport, Request, timings_of
+from .engine import slot_files as _slot_files
+from .engine.request import DraftStats, Request, timings_of
 from .engine.samplers import SamplingParams
 from .engine.workspace import MODES as WORKSPACE_MODES
 from .engine.workspace import Workspace
@@ -112,6 +113,28 @@ DRAFT_KINDS = ("mtp",)
 PROPOSER_MAX = 10
 #: a closed generator waits this long at most for its request to end (one engine step)
 CLOSE_WAIT_S = 60.0
+
+
+class DraftStatsReport:
+    """``Llama.draft_stats``: ``last`` (the request that ended last) and ``total`` (since the model loaded)."""
+
+    def __init__(self, engine_fn) -> None:
+        self._engine = engine_fn
+
+    @property
+    def last(self) -> DraftStats:
+        e = self._engine()
+        return e.last.stats if e is not None and e.last is not None else DraftStats()
+
+    @property
+    def total(self) -> DraftStats:
+        e = self._engine()
+        return e.total if e is not None else DraftStats()
+
+    def __repr__(self) -> str:
+        last, total = self.last, self.total
+        return (f"DraftStatsReport(last={last} acceptance={last.acceptance:.3f}, "
+                f"total={total} acceptance={total.acceptance:.3f})")
 
 
 class _WithOurFields:
@@ -169,7 +192,7 @@ class _SlotZero:
             slot.tokens[:n] = np.asarray(value[:n], dtype=np.intc)
 
 
-class Llama(_state.SlotFiles, llama_cpp.Llama):
+class Llama(llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` on the engine, with MTP drafting, named devices and the workspace.
 
     See the module docstring for the new keyword arguments; every other argument is
@@ -634,6 +657,32 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
 
     def _cache_store(self, tokens: List[int]) -> None:
         self.cache[tokens] = self.save_state()
+
+    # ---------------------------------------------------------------------------------------
+    # llama-server's slot actions: a slot written to a file, put back, emptied (engine.slot_files)
+
+    def _slot_call(self, fn, id_slot: int, *args):
+        engine = self._engine
+        if isinstance(id_slot, bool) or not isinstance(id_slot, int) or not 0 <= id_slot < len(engine.slots):
+            raise ValueError(f"no slot {id_slot!r}: this model has slots 0 to {len(engine.slots) - 1}")
+        slot = engine.slots[id_slot]
+        return engine.exclusive(lambda: fn(engine, slot, *(str(a) for a in args)))
+
+    def save_slot(self, id_slot: int, path) -> Tuple[int, int]:
+        """Write slot ``id_slot`` (its sequence in the target and the draft context, the rows the
+        draft pairs with, its checkpoints) to ``path``; (tokens saved, bytes written). Runs on the
+        engine's thread once no request runs, as do :meth:`restore_slot` and :meth:`erase_slot`."""
+        return self._slot_call(_slot_files.save, id_slot, path)
+
+    def restore_slot(self, id_slot: int, path) -> Tuple[int, int]:
+        """Put a slot saved by :meth:`save_slot` (from any slot of the same model, with drafting
+        as here) into slot ``id_slot``; (tokens restored, bytes read). A ``ValueError`` for a file
+        this model cannot take, the slot then empty."""
+        return self._slot_call(_slot_files.restore, id_slot, path)
+
+    def erase_slot(self, id_slot: int) -> int:
+        """Empty slot ``id_slot``; the tokens it held."""
+        return self._slot_call(_slot_files.erase, id_slot)
 
     # ---------------------------------------------------------------------------------------
     # what it reports
