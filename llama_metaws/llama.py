@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import inspect
 import os
 import random
 import threading
@@ -107,6 +108,9 @@ from .native.binding import _internals, llama_cpp, set_verbose
 from .native.params import check_fields, keeping, set_fields
 
 __all__ = ["Llama", "DraftStatsReport"]
+
+#: the binding's completion arguments, which ``create_completion`` and ``__call__`` take as it does
+_BINDING_COMPLETION = inspect.signature(llama_cpp.Llama.create_completion)
 
 DRAFT_KINDS = ("mtp",)
 #: drafts a binding draft model (prompt lookup, ...) may give per step at most
@@ -190,6 +194,27 @@ class _SlotZero:
             slot = engine.slots[0]
             n = min(len(value), len(slot.tokens))
             slot.tokens[:n] = np.asarray(value[:n], dtype=np.intc)
+
+
+class _WithRequestFields:
+    """A ``Llama`` whose ``create_completion`` (and ``__call__``) carry a request's ``id_slot`` and
+    ``cache_prompt``: what the binding's chat handlers get as their ``llama`` (they call
+    ``llama.create_completion`` with the binding's arguments alone); everything else is the Llama's."""
+
+    def __init__(self, llm: "Llama", fields: dict) -> None:
+        object.__setattr__(self, "_llm", llm)
+        object.__setattr__(self, "_fields", fields)
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def __setattr__(self, name, value) -> None:  # a handler's writes (llama.n_tokens = ...) are the Llama's
+        setattr(self._llm, name, value)
+
+    def create_completion(self, *args, **kwargs):
+        return self._llm.create_completion(*args, **self._fields, **kwargs)
+
+    __call__ = create_completion
 
 
 class Llama(llama_cpp.Llama):
@@ -461,11 +486,43 @@ class Llama(llama_cpp.Llama):
     # ---------------------------------------------------------------------------------------
     # completions and generation: engine requests
 
-    def create_chat_completion(self, messages=None, *args, **kwargs):
-        """The binding's call, or with ``chat_format == "llama.cpp"`` :func:`.chat_layer.create_chat_completion`."""
-        if self._chat_templates is None:
+    def create_completion(self, prompt, *args, id_slot: Optional[int] = None, cache_prompt: bool = True, **kwargs):
+        """The binding's ``create_completion``, plus llama-server's request fields ``id_slot`` (run
+        on that engine slot, waiting while it is busy; None or -1: any, the one holding the longest
+        prefix of the prompt first) and ``cache_prompt`` (False: evaluate the whole prompt instead of
+        reusing what the slot holds). Both become fields of the engine's request."""
+        call = _BINDING_COMPLETION.bind(self, prompt, *args, **kwargs)  # the binding's arguments (TypeError)
+        call.apply_defaults()
+        arguments = {k: v for k, v in call.arguments.items() if k != "self"}
+        if arguments["max_tokens"] is None:  # as the binding hands it on
+            arguments["max_tokens"] = -1
+        chunks = self._create_completion(**arguments, **self._request_fields(id_slot, cache_prompt))
+        return chunks if arguments["stream"] else next(chunks)
+
+    def __call__(self, prompt, *args, id_slot: Optional[int] = None, cache_prompt: bool = True, **kwargs):
+        """:meth:`create_completion` (the binding's ``__call__``)."""
+        return self.create_completion(prompt, *args, id_slot=id_slot, cache_prompt=cache_prompt, **kwargs)
+
+    def create_chat_completion(self, messages=None, *args, id_slot: Optional[int] = None, cache_prompt: bool = True,
+                               **kwargs):
+        """The binding's call, or with ``chat_format == "llama.cpp"`` :func:`.chat_layer.create_chat_completion`;
+        ``id_slot`` and ``cache_prompt`` as :meth:`create_completion` takes them."""
+        fields = self._request_fields(id_slot, cache_prompt)
+        if self._chat_templates is not None:
+            return _chat.create_chat_completion(self, self._chat_templates, messages, *args, **fields, **kwargs)
+        if fields["id_slot"] is None and fields["cache_prompt"]:
             return super().create_chat_completion(messages, *args, **kwargs)
-        return _chat.create_chat_completion(self, self._chat_templates, messages, *args, **kwargs)
+        # the binding's chat handlers call llama.create_completion with the binding's arguments alone
+        return llama_cpp.Llama.create_chat_completion(_WithRequestFields(self, fields), messages, *args, **kwargs)
+
+    def _request_fields(self, id_slot: Optional[int], cache_prompt: bool) -> dict:
+        """llama-server's ``id_slot`` (checked against the slots; -1: any, as None) and ``cache_prompt``,
+        as :func:`.completion.completion` takes them."""
+        n = len(self._engine.slots)
+        if id_slot is not None and id_slot != -1 and (isinstance(id_slot, bool) or not isinstance(id_slot, int)
+                                                      or not 0 <= id_slot < n):
+            raise ValueError(f"slot {id_slot}: this model has slots 0 to {n - 1}")
+        return {"id_slot": None if id_slot == -1 else id_slot, "cache_prompt": bool(cache_prompt)}
 
     def use_chat_templates(self, templates: "_chat.ChatTemplates") -> None:
         """Chat on these templates of llama.cpp's chat layer (the server's, from its flags)."""
@@ -482,26 +539,6 @@ class Llama(llama_cpp.Llama):
             seed = seed if seed is not None else random.Random(self._seed).randint(0, 2**32)
             self._seed = seed
             return seed
-
-    @contextlib.contextmanager
-    def on_slot(self, slot: Optional[int], cache_prompt: bool = True):
-        """The completions this thread makes in the block run on engine slot ``slot`` (llama-server's
-        ``id_slot``; waiting for it while it is busy; None: any) and, with ``cache_prompt=False``
-        (llama-server's), evaluate their whole prompt instead of reusing what the slot holds."""
-        if slot is not None and not 0 <= slot < len(self._engine.slots):
-            raise ValueError(f"slot {slot}: this model has slots 0 to {len(self._engine.slots) - 1}")
-        before = getattr(self._local, "slot", None), getattr(self._local, "cache_prompt", True)
-        self._local.slot, self._local.cache_prompt = slot, bool(cache_prompt)
-        try:
-            yield
-        finally:
-            self._local.slot, self._local.cache_prompt = before
-
-    def _slot_wanted(self) -> Optional[int]:
-        return getattr(self._local, "slot", None)
-
-    def _cache_prompt_wanted(self) -> bool:
-        return getattr(self._local, "cache_prompt", True)
 
     def _began(self, request: Request) -> None:
         self._local.request = request

@@ -145,6 +145,38 @@ def test_drop_in_features(agree_path):
         assert chat["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize("chat_format", [None, "llama.cpp"])  # the binding's handler (llama-2), our chat layer
+def test_id_slot_and_cache_prompt_are_arguments_of_each_completion_call(agree_path, chat_format):
+    """llama-server's ``id_slot`` and ``cache_prompt`` go with the call, down to its engine request."""
+    with Llama(agree_path, draft="mtp", n_seq_max=2, chat_format=chat_format, **KW) as llm:
+        greedy = dict(max_tokens=6, temperature=0.0)
+        text = llm(PROMPT, id_slot=1, **greedy)["choices"][0]["text"]
+        assert llm.slots()[0]["n_past"] == 0 and llm.slots()[1]["n_past"] > 0
+        assert _text(llm, id_slot=1, **greedy) == text and llm.timings()["cache_n"] > 0
+        assert _text(llm, id_slot=1, cache_prompt=False, **greedy) == text and llm.timings()["cache_n"] == 0
+        streamed = "".join(c["choices"][0]["text"] for c in
+                           llm.create_completion(PROMPT, stream=True, id_slot=0, **greedy))
+        assert streamed == text and llm.slots()[0]["n_past"] > 0
+
+        chat = [{"role": "user", "content": "hi"}]
+        llm.erase_slot(0), llm.erase_slot(1)
+        first = llm.create_chat_completion(chat, id_slot=1, **greedy)["choices"][0]["message"]["content"]
+        assert llm.slots()[0]["n_past"] == 0 and llm.slots()[1]["n_past"] > 0
+        again = llm.create_chat_completion(chat, id_slot=1, cache_prompt=False, **greedy)
+        assert again["choices"][0]["message"]["content"] == first and llm.timings()["cache_n"] == 0
+        assert llm.slots()[0]["n_past"] == 0
+        llm.create_chat_completion(chat, id_slot=1, **greedy)
+        assert llm.timings()["cache_n"] > 0
+
+        # a slot the model does not have: at the call, before a stream starts
+        with pytest.raises(ValueError, match="slot 2: this model has slots 0 to 1"):
+            llm.create_completion(PROMPT, stream=True, id_slot=2)
+        with pytest.raises(ValueError, match="slot True: this model has slots 0 to 1"):
+            llm.create_chat_completion(chat, id_slot=True)
+        with pytest.raises(TypeError):  # the binding's arguments, and no others
+            llm.create_completion(PROMPT, slot=1)
+
+
 def test_bad_inputs_are_exceptions(agree_path, models_dir, tmp_path):
     plain_model = str(make_tiny_model(models_dir / "llm-llama.gguf", arch="llama"))
     with pytest.raises(ValueError, match="'llama' model has none"):
