@@ -202,6 +202,32 @@ def test_bad_inputs_are_exceptions(agree_path, models_dir, tmp_path):
     llm.close()  # harmless
 
 
+def test_one_options_object_checks_itself_and_builds_a_llama(agree_path):
+    """``LlamaOptions`` holds our keyword arguments and checks them when made (the messages
+    ``Llama``'s keywords give); ``Llama(path, options=...)`` loads from one, the same as the keywords."""
+    from llama_metaws import LlamaOptions
+
+    for bad, match in ((dict(draft="eagle"), "supported kinds"), (dict(draft_max=True), "draft_max must be"),
+                       (dict(draft_p_min=1.5), r"draft_p_min must be in \[0, 1\]"),
+                       (dict(workspace_mode="shared"), "is not one of"),
+                       (dict(split_mode="diagonal"), "split_mode 'diagonal'"),
+                       (dict(n_seq_max=0), "n_seq_max must be an integer >= 1"),
+                       (dict(ctx_checkpoints=-1), "ctx_checkpoints must be"),
+                       (dict(checkpoint_min_step=1.5), "checkpoint_min_step must be")):
+        with pytest.raises(ValueError, match=match):
+            LlamaOptions(**bad)
+        with pytest.raises(ValueError, match=match):  # before the model file is even looked at
+            Llama("/nonexistent/model.gguf", **bad)
+    opts = LlamaOptions(draft="mtp", draft_max="auto", n_seq_max=2, use_extra_bufts=False)
+    assert opts.adaptive and opts.draft_max_cap > 1 and opts.model_fields() == {"use_extra_bufts": False}
+    with Llama(agree_path, options=LlamaOptions(draft="mtp", draft_max=2, n_seq_max=2), **KW) as llm, \
+            Llama(agree_path, draft="mtp", draft_max=2, n_seq_max=2, **KW) as same:
+        assert llm.options == same.options and len(llm.slots()) == 2 and llm.drafting
+        assert _text(llm, temperature=0.0) == _text(same, temperature=0.0)
+    with pytest.raises(TypeError, match="n_seq_max: give these in options="):
+        Llama(agree_path, options=LlamaOptions(), n_seq_max=2, **KW)
+
+
 # the server: tests/test_server.py
 
 
