@@ -285,9 +285,11 @@ class _WithRequestFields:
 class Llama(llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` on the engine, with MTP drafting, named devices and the workspace.
 
-    See the module docstring for the new keyword arguments; every other argument is
-    ``llama_cpp.Llama``'s. Extra attributes: :attr:`draft_stats`, :meth:`workspace_stats`,
-    :meth:`timings`, :meth:`slots`, :meth:`checkpoint_stats`.
+    See the module docstring for the new keyword arguments (:attr:`options` holds them); every
+    other argument is ``llama_cpp.Llama``'s. The completion calls take llama-server's ``id_slot``
+    and ``cache_prompt`` besides the binding's (:meth:`create_completion`). Extra attributes:
+    :attr:`draft_stats`, :meth:`workspace_stats`, :meth:`timings`, :meth:`slots`,
+    :meth:`checkpoint_stats`, :meth:`save_slot` / :meth:`restore_slot` / :meth:`erase_slot`.
 
     Threads: completions from several threads on one instance run together on the engine, up to
     ``n_seq_max`` at once, the rest waiting their turn. The binding's single-sequence calls

@@ -145,7 +145,7 @@ def test_drop_in_features(agree_path):
         assert chat["choices"][0]["message"]["content"]
 
 
-@pytest.mark.parametrize("chat_format", [None, "llama.cpp"])  # the binding's handler (llama-2), our chat layer
+@pytest.mark.parametrize("chat_format", ["chatml", "llama.cpp"])  # the binding's handler, our chat layer
 def test_id_slot_and_cache_prompt_are_arguments_of_each_completion_call(agree_path, chat_format):
     """llama-server's ``id_slot`` and ``cache_prompt`` go with the call, down to its engine request."""
     with Llama(agree_path, draft="mtp", n_seq_max=2, chat_format=chat_format, **KW) as llm:
