@@ -18,8 +18,8 @@ _runtime.prepare()
 
 def __getattr__(name):
     # the high-level classes load llama_cpp: only when asked for (the CLI's build runs without)
-    if name == "Llama":
+    if name in ("Llama", "LlamaOptions"):
         from . import llama as _llama
 
-        return _llama.Llama
+        return getattr(_llama, name)
     raise AttributeError(f"module 'llama_metaws' has no attribute {name!r}")

@@ -499,13 +499,15 @@ def create_chat_completion(llm, templates: ChatTemplates, messages=None, functio
                            chat_template_kwargs=None, reasoning_effort=None, reasoning_budget_tokens=None,
                            reasoning_budget_message=None, add_generation_prompt: bool = True,
                            continue_final_message=None, stream_usage: bool = False,
-                           request: Optional[ChatRequest] = None):
+                           request: Optional[ChatRequest] = None, id_slot: Optional[int] = None,
+                           cache_prompt: bool = True):
     """``Llama.create_chat_completion`` through the layer (the binding's arguments, plus
     ``parallel_tool_calls``, ``reasoning_format``, ``chat_template_kwargs``, ``reasoning_effort``,
     ``reasoning_budget_tokens``, ``reasoning_budget_message``, ``add_generation_prompt`` and
     ``continue_final_message`` as llama-server takes them: a last assistant message is continued,
     as llama-server's ``prefill_assistant`` does by default); ``request``: one :func:`chat_request`
-    made already (the server's), which then stands for the messages and their options."""
+    made already (the server's), which then stands for the messages and their options; ``id_slot``
+    and ``cache_prompt``: llama-server's request fields, onto the engine's request."""
     if request is None:
         if functions and not tools:  # OpenAI's older form of tools
             tools = [{"type": "function", "function": f} for f in functions]
@@ -528,5 +530,6 @@ def create_chat_completion(llm, templates: ChatTemplates, messages=None, functio
                    seed=seed, max_tokens=max_tokens, presence_penalty=presence_penalty,
                    frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty, tfs_z=tfs_z,
                    mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
-                   logits_processor=logits_processor, logit_bias=logit_bias, logprobs=n_logprobs)
+                   logits_processor=logits_processor, logit_bias=logit_bias, logprobs=n_logprobs,
+                   id_slot=id_slot, cache_prompt=cache_prompt)
     return out

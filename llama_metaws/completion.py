@@ -165,8 +165,10 @@ def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[i
                tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
                model: Optional[str] = None, stopping_criteria=None, logits_processor=None, grammar=None,
                logit_bias=None, stream_usage: bool = False, preserved_tokens=None,
-               reasoning_budget=None) -> Iterator[dict]:
-    """``create_completion``'s generator (see the module docstring); ``stream_usage``: a streamed
+               reasoning_budget=None, id_slot: Optional[int] = None, cache_prompt: bool = True) -> Iterator[dict]:
+    """``create_completion``'s generator (see the module docstring); ``id_slot`` and
+    ``cache_prompt``: llama-server's request fields, the engine request's ``slot`` and
+    ``cache_prompt`` (``Llama.create_completion`` checks them); ``stream_usage``: a streamed
     completion ends with a chunk carrying ``usage`` and no choices (OpenAI's
     ``stream_options.include_usage``); ``preserved_tokens``: token ids whose text the completion
     shows although they are special, ``reasoning_budget``: a
@@ -198,8 +200,8 @@ def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[i
                               logits_processor=processors or None, reasoning_budget=reasoning_budget)
     want_rows = logprobs is not None
     req = Request(tokens, sampling, max_tokens=max_tokens, stopping_criteria=stopping_criteria,
-                  logits_rows=want_rows, prompt_rows=want_rows and echo, stop=stops, slot=llm._slot_wanted(),
-                  cache_prompt=llm._cache_prompt_wanted())
+                  logits_rows=want_rows, prompt_rows=want_rows and echo, stop=stops, slot=id_slot,
+                  cache_prompt=cache_prompt)
     llm._began(req)
     engine.submit(req)
     rows: List[np.ndarray] = []

@@ -9,7 +9,9 @@ N at a time, batched (:mod:`llama_metaws.completion` answers them in the binding
 draft model is the model's own MTP (NextN) head in a second context, and the two contexts share a
 phase-aware workspace.
 
-New keyword arguments (llama.cpp's option names):
+New keyword arguments (llama.cpp's option names), held and checked by one
+:class:`~llama_metaws.options.LlamaOptions` (``Llama(path, options=LlamaOptions(...))`` takes one
+made already; ``llm.options`` is the one a Llama was built from):
 
 - ``draft="mtp"`` drafts with the model's NextN layers (``None``, the default: no drafting);
   ``draft_max`` (3) tokens per step at most (``"auto"``: a length chosen per step and slot
@@ -71,11 +73,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
+import inspect
 import os
 import random
 import threading
 import time
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -91,27 +95,115 @@ from .engine import rpc as _rpc
 from .engine import prior as _prior
 from .engine import sampling as _sampling
 from .engine import synthetic as _synthetic
-from .engine.contexts import split_mode_value
 from .engine.core import Engine
-from .engine.drafting import AdaptiveLength
 from .engine.gguf_meta import architecture as _gguf_arch, nextn_layers as _gguf_nextn_layers
 from .native.archs import check_mtp_graph, check_tensor_split as check_arch_tensor_split
 from .engine.limits import check_draft_max
-from .engine.request import DraftStatsReport, Request, timings_of
+from .engine import slot_files as _slot_files
+from .engine.request import DraftStats, Request, timings_of
 from .engine.samplers import SamplingParams
-from .engine.workspace import MODES as WORKSPACE_MODES
 from .engine.workspace import Workspace
 from .errors import GrammarError
 from .native.binding import _internals, llama_cpp, set_verbose
 from .native.params import check_fields, keeping, set_fields
+from .options import LlamaOptions
 
-__all__ = ["Llama", "DraftStatsReport"]
+__all__ = ["Llama", "LlamaOptions", "DraftStatsReport"]
 
-DRAFT_KINDS = ("mtp",)
+#: the binding's completion arguments, which ``create_completion`` and ``__call__`` take as it does
+_BINDING_COMPLETION = inspect.signature(llama_cpp.Llama.create_completion)
+
 #: drafts a binding draft model (prompt lookup, ...) may give per step at most
 PROPOSER_MAX = 10
 #: a closed generator waits this long at most for its request to end (one engine step)
 CLOSE_WAIT_S = 60.0
+
+
+class DraftStatsReport:
+    """``Llama.draft_stats``: ``last`` (the request that ended last) and ``total`` (since the model loaded)."""
+
+    def __init__(self, engine_fn) -> None:
+        self._engine = engine_fn
+
+    @property
+    def last(self) -> DraftStats:
+        e = self._engine()
+        return e.last.stats if e is not None and e.last is not None else DraftStats()
+
+    @property
+    def total(self) -> DraftStats:
+        e = self._engine()
+        return e.total if e is not None else DraftStats()
+
+    def __repr__(self) -> str:
+        last, total = self.last, self.total
+        return (f"DraftStatsReport(last={last} acceptance={last.acceptance:.3f}, "
+                f"total={total} acceptance={total.acceptance:.3f})")
+
+
+def _options(options: Optional[LlamaOptions], given: dict) -> LlamaOptions:
+    """``Llama``'s options: ``options`` as given (then our keyword arguments must be left at their
+    defaults), else one made of the keyword arguments ``given``, which checks them."""
+    if options is None:
+        return LlamaOptions(**given)
+    if not isinstance(options, LlamaOptions):
+        raise TypeError(f"options must be a LlamaOptions, got {type(options).__name__}")
+    defaults = {f.name: f.default for f in dataclasses.fields(LlamaOptions)}
+    beside = [name for name, value in given.items() if _differs(value, defaults[name])]
+    if beside:
+        raise TypeError(f"{', '.join(beside)}: give these in options=, not beside it")
+    options.validate()  # changed since it was made, perhaps
+    return options
+
+
+def _differs(value, default) -> bool:
+    if value is default:
+        return False
+    try:
+        return bool(value != default)
+    except (TypeError, ValueError):  # an array's elementwise answer
+        return True
+
+
+def _check_model_file(model_path: str) -> None:
+    if not os.path.exists(model_path):
+        raise ValueError(f"Model path does not exist: {model_path}")
+    if os.path.getsize(model_path) == 0:
+        raise ValueError(f"Model file is empty: {model_path}")
+
+
+@dataclasses.dataclass
+class _Load:
+    """What one ``Llama`` loads, worked out by the steps of its ``__init__`` from its options and
+    the binding's arguments."""
+
+    model_path: str
+    split: int                                  # llama.cpp's split mode
+    n_gpu_layers: Union[None, int, str]         # None (not given), "auto", "all" or a count
+    flash_attn: int                             # llama.cpp's flash_attn_type
+    fit_params: bool                            # run llama.cpp's fit
+    model_fields: dict                          # our llama_model_params fields
+    chat_format: Optional[str]
+    devices: Optional[Sequence[str]] = None     # with RPC servers, theirs first by default
+    tensor_split: Optional[List[float]] = None  # as given, or as the fit chose
+    draft: Optional[str] = None                 # "mtp" (a draft model's file implies it) or None
+    draft_file: Optional["_draft_file.DraftFile"] = None
+    proposer: object = None                     # the binding's draft model (prompt lookup, ...)
+    synth_rates: Optional[List[float]] = None   # llama-server's synthetic acceptance, per position
+    context_fields: dict = dataclasses.field(default_factory=dict)  # our llama_context_params fields
+
+    @classmethod
+    def of(cls, model_path: str, options: LlamaOptions, kwargs: dict) -> "_Load":
+        """The start: the binding's arguments that we take wider (``n_gpu_layers`` "auto" / "all",
+        ``flash_attn="auto"``, ``chat_format="llama.cpp"``) read out of ``kwargs``."""
+        n_gpu_layers = _contexts.gpu_layers(kwargs.pop("n_gpu_layers", None))  # None, "auto", "all" or N
+        flash_attn = _contexts.flash_attn_type(kwargs.get("flash_attn", False))  # True, False or "auto"
+        # llama-server fits when -ngl is auto (its default)
+        fit_params = options.fit_params if options.fit_params is not None else n_gpu_layers == "auto"
+        return cls(model_path=model_path, split=options.split, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
+                   fit_params=bool(fit_params), model_fields=options.model_fields(),
+                   chat_format=kwargs.pop("chat_format", None), devices=options.devices,
+                   tensor_split=options.tensor_split, draft=options.draft)
 
 
 class _WithOurFields:
@@ -169,12 +261,35 @@ class _SlotZero:
             slot.tokens[:n] = np.asarray(value[:n], dtype=np.intc)
 
 
-class Llama(_state.SlotFiles, llama_cpp.Llama):
+class _WithRequestFields:
+    """A ``Llama`` whose ``create_completion`` (and ``__call__``) carry a request's ``id_slot`` and
+    ``cache_prompt``: what the binding's chat handlers get as their ``llama`` (they call
+    ``llama.create_completion`` with the binding's arguments alone); everything else is the Llama's."""
+
+    def __init__(self, llm: "Llama", fields: dict) -> None:
+        object.__setattr__(self, "_llm", llm)
+        object.__setattr__(self, "_fields", fields)
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def __setattr__(self, name, value) -> None:  # a handler's writes (llama.n_tokens = ...) are the Llama's
+        setattr(self._llm, name, value)
+
+    def create_completion(self, *args, **kwargs):
+        return self._llm.create_completion(*args, **self._fields, **kwargs)
+
+    __call__ = create_completion
+
+
+class Llama(llama_cpp.Llama):
     """llama-cpp-python's ``Llama`` on the engine, with MTP drafting, named devices and the workspace.
 
-    See the module docstring for the new keyword arguments; every other argument is
-    ``llama_cpp.Llama``'s. Extra attributes: :attr:`draft_stats`, :meth:`workspace_stats`,
-    :meth:`timings`, :meth:`slots`, :meth:`checkpoint_stats`.
+    See the module docstring for the new keyword arguments (:attr:`options` holds them); every
+    other argument is ``llama_cpp.Llama``'s. The completion calls take llama-server's ``id_slot``
+    and ``cache_prompt`` besides the binding's (:meth:`create_completion`). Extra attributes:
+    :attr:`draft_stats`, :meth:`workspace_stats`, :meth:`timings`, :meth:`slots`,
+    :meth:`checkpoint_stats`, :meth:`save_slot` / :meth:`restore_slot` / :meth:`erase_slot`.
 
     Threads: completions from several threads on one instance run together on the engine, up to
     ``n_seq_max`` at once, the rest waiting their turn. The binding's single-sequence calls
@@ -211,6 +326,7 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         fit_params: Optional[bool] = None,
         fit_target_mib: Union[int, Sequence[int]] = _fit.FIT_TARGET_MIB,
         fit_min_ctx: int = _fit.FIT_MIN_CTX,
+        options: Optional[LlamaOptions] = None,
         **kwargs,
     ):
         t_load = time.perf_counter()
@@ -222,80 +338,83 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         self._last_logits: Optional[np.ndarray] = None  # the low-level eval's last row (for sample)
         self.draft_stats = DraftStatsReport(lambda: self._engine)
 
-        # arguments first: a clear ValueError before anything is loaded
-        if draft is not None and draft not in DRAFT_KINDS:
-            raise ValueError(f"draft={draft!r}: the supported kinds are {DRAFT_KINDS} (or None)")
-        adaptive = draft_max == "auto"
-        if adaptive:  # the length adapts per step (engine.drafting.AdaptiveLength), up to its cap
-            draft_max = AdaptiveLength.CAP
-        if isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 1:
-            raise ValueError(f"draft_max must be an integer >= 1 or 'auto', got {draft_max!r}")
-        if not (0.0 <= float(draft_p_min) <= 1.0):
-            raise ValueError(f"draft_p_min must be in [0, 1], got {draft_p_min!r}")
-        if workspace_mode not in WORKSPACE_MODES:
-            raise ValueError(f"workspace_mode {workspace_mode!r} is not one of {', '.join(WORKSPACE_MODES)}")
-        if workspace_mode == "unsafe-shared" and not allow_unsafe_workspace:
-            raise ValueError("workspace_mode='unsafe-shared' aborts the process under tensor split; "
-                             "pass allow_unsafe_workspace=True to reproduce that, or use 'alias'")
-        split = split_mode_value(split_mode)
-        if not os.path.exists(model_path):
-            raise ValueError(f"Model path does not exist: {model_path}")
-        if os.path.getsize(model_path) == 0:
-            raise ValueError(f"Model file is empty: {model_path}")
-        if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, int) or n_seq_max < 1:
-            raise ValueError(f"n_seq_max must be an integer >= 1, got {n_seq_max!r}")
-        for name, value in (("ctx_checkpoints", ctx_checkpoints), ("ctx_checkpoints_bytes", ctx_checkpoints_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if isinstance(checkpoint_min_step, bool) or not isinstance(checkpoint_min_step, int) or checkpoint_min_step < 0:
-            raise ValueError(f"checkpoint_min_step must be an integer >= 0 (0: no minimum), "
-                             f"got {checkpoint_min_step!r}")
-        n_gpu_layers = _contexts.gpu_layers(kwargs.pop("n_gpu_layers", None))  # None, "auto", "all" or N
-        flash_attn = _contexts.flash_attn_type(kwargs.get("flash_attn", False))  # True, False or "auto"
-        if fit_params is None:  # llama-server fits when -ngl is auto (its default)
-            fit_params = n_gpu_layers == "auto"
+        given = dict(draft=draft, draft_max=draft_max, draft_p_min=draft_p_min, draft_synth_rates=draft_synth_rates,
+                     draft_synth_len=draft_synth_len, context_shift=context_shift, devices=devices,
+                     rpc_servers=rpc_servers, split_mode=split_mode, tensor_split=tensor_split,
+                     phase_aware_workspace=phase_aware_workspace, workspace_mode=workspace_mode,
+                     allow_unsafe_workspace=allow_unsafe_workspace, n_seq_max=n_seq_max, kv_unified=kv_unified,
+                     ctx_checkpoints=ctx_checkpoints, checkpoint_min_step=checkpoint_min_step,
+                     ctx_checkpoints_bytes=ctx_checkpoints_bytes, chat_template=chat_template,
+                     fit_params=fit_params, fit_target_mib=fit_target_mib, fit_min_ctx=fit_min_ctx,
+                     **_contexts.model_field_kwargs(kwargs))
+        #: the options this Llama was built from (checked: a ValueError before anything is loaded)
+        self.options = _options(options, given)
+        _check_model_file(model_path)
+        load = _Load.of(model_path, self.options, kwargs)
+        self._place(load, kwargs)
+        self._plan_drafting(load, kwargs)
+        self._size_contexts(load, kwargs)
+        self._load_contexts(load, args, kwargs)
+        self._start_engine(load)
+        self._attach_workspace()
+        if self.options.adaptive and load.draft == "mtp":
+            self._calibrate(load, t_load)
+        self._chat_templates = _chat.templates_for(self, load.chat_format, kwargs.get("chat_handler"),
+                                                   self.options.chat_template)
+        if self._chat_templates is not None:
+            self.chat_format = _chat.LAYER_FORMAT
 
-        model_fields = _contexts.model_field_kwargs(kwargs)  # load_mode, lazy_mode, use_extra_bufts, ... (when given)
+    # the steps of __init__ -----------------------------------------------------------------
+
+    def _place(self, load: "_Load", kwargs: dict) -> None:
+        """Devices and RPC servers: the device list the model loads on (RPC servers' devices first
+        by default), and what tensor split needs of them."""
         self._device_list = None
-        self._rpc = _rpc.connect(rpc_servers)  # ValueError for a bad or unreachable server
+        self._rpc = _rpc.connect(self.options.rpc_servers)  # ValueError for a bad or unreachable server
         local = None
-        if self._rpc and not devices:
-            devices = self._rpc.default_devices()
-        elif not devices:  # an earlier Llama's servers stay registered: keep this model off them
+        if self._rpc and not load.devices:
+            load.devices = self._rpc.default_devices()
+        elif not load.devices:  # an earlier Llama's servers stay registered: keep this model off them
             local = _rpc.local_devices()
-        if devices:
-            self._device_list = _devices.DeviceList(list(devices))  # ValueError lists the devices
-            model_fields["devices"] = self._device_list.pointer
-            if n_gpu_layers is None:
-                n_gpu_layers = "all"
+        if load.devices:
+            self._device_list = _devices.DeviceList(list(load.devices))  # ValueError lists the devices
+            load.model_fields["devices"] = self._device_list.pointer
+            if load.n_gpu_layers is None:
+                load.n_gpu_layers = "all"
         elif local is not None:
             self._device_list = _devices.DeviceList(local, allow_empty=True)
-            model_fields["devices"] = self._device_list.pointer
-        if split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:  # devices, flash attention, host KV, the arch
+            load.model_fields["devices"] = self._device_list.pointer
+        if load.split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR:  # devices, flash attention, host KV, the arch
             _devices.check_tensor_split(self._device_list, kwargs)
-            check_arch_tensor_split(_gguf_arch(model_path))
-            flash_attn = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            check_arch_tensor_split(_gguf_arch(load.model_path))
+            load.flash_attn = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+
+    def _plan_drafting(self, load: "_Load", kwargs: dict) -> None:
+        """What drafts (the model's NextN layers, a draft model's file, the binding's draft model)
+        and the longest draft the contexts are sized for."""
+        draft_max = self.options.draft_max_cap
         proposer = kwargs.pop("draft_model", None)  # the binding's own (prompt lookup, ...), or a file
-        draft_file = None
         if isinstance(proposer, (str, os.PathLike)):  # llama-server's -md: a draft model of its own file
-            draft_file = _draft_file.read_draft_file(proposer)  # ValueError: no file, not a draft of ours
+            load.draft_file = _draft_file.read_draft_file(proposer)  # ValueError: no file, not a draft of ours
             proposer = None
-            draft = draft or "mtp"  # the only way a file drafts here (llama-server infers it for a head too)
-        if draft == "mtp":
+            load.draft = load.draft or "mtp"  # the only way a file drafts here (llama-server infers it for a head too)
+        load.proposer = proposer
+        if load.draft == "mtp":
             if proposer is not None:
                 raise ValueError("draft='mtp' and draft_model=... both give a draft model: choose one")
-            if draft_file is not None:  # its own model, loaded beside the target's (engine.draft_file)
-                _draft_file.check_pair(model_path, draft_file, tensor_split=split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR)
-                n_nextn, chained = draft_file.n_nextn, draft_file.chained_heads
+            if load.draft_file is not None:  # its own model, loaded beside the target's (engine.draft_file)
+                _draft_file.check_pair(load.model_path, load.draft_file,
+                                       tensor_split=load.split == llama_cpp.LLAMA_SPLIT_MODE_TENSOR)
+                n_nextn, chained = load.draft_file.n_nextn, load.draft_file.chained_heads
             else:
-                arch, n_nextn = _gguf_nextn_layers(model_path)
+                arch, n_nextn = _gguf_nextn_layers(load.model_path)
                 if n_nextn < 1:
                     raise ValueError(
                         f"draft='mtp' needs a model with NextN (MTP) layers; this {arch!r} model has none "
                         f"({arch}.nextn_predict_layers is missing or 0). Use draft=None, an MTP model "
                         f"(qwen35, qwen3next, glm4-moe, deepseek2, ...), or its MTP head's file as draft_model")
                 check_mtp_graph(arch)  # NextN layers without a graph (nemotron_h): refused here, not at decode
-                model_fields["load_mtp"] = True
+                load.model_fields["load_mtp"] = True
                 chained = n_nextn > 1
             if chained:  # chained heads, one per draft step (engine.drafting): sized for as many
                 draft_max = min(draft_max, n_nextn)
@@ -303,88 +422,100 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
                             fit="n_batch and n_ubatch")
         elif proposer is not None:
             draft_max = min(PROPOSER_MAX, kwargs.get("n_batch", 512) - 1)
+        self._draft_max = draft_max if (load.draft == "mtp" or proposer is not None) else 0
+        o = self.options
+        load.synth_rates = _synthetic.resolve(o.draft_synth_rates, o.draft_synth_len, self._draft_max)  # ValueError
 
-        self._draft_max = draft_max if (draft == "mtp" or proposer is not None) else 0
-        synth_rates = _synthetic.resolve(draft_synth_rates, draft_synth_len, self._draft_max)  # ValueError
-        # n_seq_max, rollback snapshots and llama-server's output rows (engine.contexts)
-        context_fields, self._draft_fields = _contexts.context_fields(
-            n_seq_max=n_seq_max, draft_max=self._draft_max,
+    def _size_contexts(self, load: "_Load", kwargs: dict) -> None:
+        """Our context fields (n_seq_max, rollback snapshots, llama-server's output rows:
+        engine.contexts), then llama.cpp's own fit of -ngl auto and -c 0 (engine.fit)."""
+        o = self.options
+        load.context_fields, self._draft_fields = _contexts.context_fields(
+            n_seq_max=o.n_seq_max, draft_max=self._draft_max,
             n_batch=kwargs.get("n_batch", 512), logits_all=bool(kwargs.get("logits_all", False)))
-        if kv_unified:
-            context_fields["kv_unified"] = True
-        if flash_attn == llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO:  # as llama.cpp decides, per device
+        if o.kv_unified:
+            load.context_fields["kv_unified"] = True
+        if load.flash_attn == llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO:  # as llama.cpp decides, per device
             kwargs["flash_attn"] = False  # the binding's bool; our field is what llama.cpp gets
-            context_fields["flash_attn_type"] = flash_attn
+            load.context_fields["flash_attn_type"] = load.flash_attn
         self.fitted: Optional[_fit.Fitted] = None
-        if fit_params:  # llama.cpp's own fit of -ngl auto and -c 0 (engine.fit)
-            self.fitted = self._fit(model_path, n_gpu_layers, flash_attn, split, tensor_split, model_fields,
-                                    context_fields, self._draft_fields if draft == "mtp" else None,
-                                    fit_target_mib, fit_min_ctx, kwargs,
-                                    draft_file.path if draft_file is not None else None)
+        if load.fit_params:
+            self.fitted = self._fit(load, kwargs)
             if self.fitted.tensor_split is not None:
-                tensor_split = self.fitted.tensor_split
+                load.tensor_split = self.fitted.tensor_split
             if self.fitted.overrides is not None:  # kept alive with the instance, as the model loads
-                model_fields["tensor_buft_overrides"] = ctypes.c_void_p(ctypes.addressof(self.fitted.overrides))
-            if n_gpu_layers == "auto":
-                n_gpu_layers = self.fitted.n_gpu_layers
+                load.model_fields["tensor_buft_overrides"] = ctypes.c_void_p(ctypes.addressof(self.fitted.overrides))
+            if load.n_gpu_layers == "auto":
+                load.n_gpu_layers = self.fitted.n_gpu_layers
             kwargs["n_ctx"] = self.fitted.n_ctx
-        if n_gpu_layers is not None:  # "auto" unfitted: every layer, as llama-server's -ngl auto --fit off
-            kwargs["n_gpu_layers"] = -1 if n_gpu_layers in ("auto", "all") else n_gpu_layers
+        if load.n_gpu_layers is not None:  # "auto" unfitted: every layer, as llama-server's -ngl auto --fit off
+            kwargs["n_gpu_layers"] = -1 if load.n_gpu_layers in ("auto", "all") else load.n_gpu_layers
+
+    def _load_contexts(self, load: "_Load", args: tuple, kwargs: dict) -> None:
+        """The binding loads the model and the target context with our fields; then the MTP draft
+        context beside it."""
         # llama_cpp.Llama.__init__ assigns its default params to self.model_params / context_params
         # before it loads anything: the descriptors add our fields there, on this instance alone (no
         # other thread or instance can see them), by the names the structs declare
-        self._model_fields, self._context_fields = model_fields, context_fields
+        self._model_fields, self._context_fields = load.model_fields, load.context_fields
         self._chat_templates = None
-        chat_format = kwargs.pop("chat_format", None)
-        super().__init__(model_path, *args, split_mode=split, tensor_split=tensor_split,
-                         chat_format=None if chat_format == _chat.LAYER_FORMAT else chat_format, **kwargs)
+        super().__init__(load.model_path, *args, split_mode=load.split, tensor_split=load.tensor_split,
+                         chat_format=None if load.chat_format == _chat.LAYER_FORMAT else load.chat_format, **kwargs)
         # what llama.cpp was given is what we asked for (a binding that built its params some
         # other way would otherwise lose them silently)
-        check_fields(self.model_params, model_fields, "llama_model_params")
-        check_fields(self.context_params, context_fields, "llama_context_params")
+        check_fields(self.model_params, load.model_fields, "llama_model_params")
+        check_fields(self.context_params, load.context_fields, "llama_context_params")
         # (n_rs_seq: llama.cpp clamps it to 0 for a model without recurrent rollback; the engine
         # checks it for a recurrent target, where it counts)
-        if int(llama_cpp.llama_n_seq_max(self._ctx.ctx)) < context_fields["n_seq_max"]:
+        n_seq_max = load.context_fields["n_seq_max"]
+        if int(llama_cpp.llama_n_seq_max(self._ctx.ctx)) < n_seq_max:
             raise RuntimeError(f"the context has n_seq_max={int(llama_cpp.llama_n_seq_max(self._ctx.ctx))}, "
-                               f"{context_fields['n_seq_max']} was asked for")
-        self.draft_model = proposer
+                               f"{n_seq_max} was asked for")
+        self.draft_model = load.proposer
+        if load.draft != "mtp":
+            return
+        # the draft context is the target's, as llama.cpp derives it: the same KV types, flash
+        # attention, offload, threads and sizes; an MTP context with no rollback snapshots, whose
+        # other context is the target's (a Gemma 4 assistant reads its KV cache through it)
+        cp = _contexts.draft_context_params(self.context_params, self._draft_fields)
+        draft_model = self._model
+        if load.draft_file is not None:  # closed after the draft context (the stack is LIFO)
+            draft_model = self._stack.enter_context(contextlib.closing(self._load_draft_model(load.draft_file)))
+            set_fields(cp, dict(ctx_other=self._ctx.ctx))
+        self._draft_ctx = self._stack.enter_context(contextlib.closing(
+            _internals.LlamaContext(model=draft_model, params=cp, verbose=self.verbose)))
 
-        if draft == "mtp":
-            # the draft context is the target's, as llama.cpp derives it: the same KV types, flash
-            # attention, offload, threads and sizes; an MTP context with no rollback snapshots, whose
-            # other context is the target's (a Gemma 4 assistant reads its KV cache through it)
-            cp = _contexts.draft_context_params(self.context_params, self._draft_fields)
-            draft_model = self._model
-            if draft_file is not None:  # closed after the draft context (the stack is LIFO)
-                draft_model = self._stack.enter_context(contextlib.closing(self._load_draft_model(draft_file)))
-                set_fields(cp, dict(ctx_other=self._ctx.ctx))
-            self._draft_ctx = self._stack.enter_context(contextlib.closing(
-                _internals.LlamaContext(model=draft_model, params=cp, verbose=self.verbose)))
-        self._engine = Engine(self._ctx, self._draft_ctx, n_slots=n_seq_max,
-                              draft_max=max(self._draft_max, 1), adaptive=adaptive, p_min=float(draft_p_min),
-                              proposer=proposer, ctx_checkpoints=ctx_checkpoints,
-                              checkpoint_min_step=checkpoint_min_step, ctx_checkpoints_bytes=ctx_checkpoints_bytes,
-                              after_decode=self._after_decode, synth_rates=synth_rates,
-                              context_shift=context_shift)
+    def _start_engine(self, load: "_Load") -> None:
+        o = self.options
+        self._engine = Engine(self._ctx, self._draft_ctx, n_slots=o.n_seq_max,
+                              draft_max=max(self._draft_max, 1), adaptive=o.adaptive, p_min=float(o.draft_p_min),
+                              proposer=load.proposer, ctx_checkpoints=o.ctx_checkpoints,
+                              checkpoint_min_step=o.checkpoint_min_step,
+                              ctx_checkpoints_bytes=o.ctx_checkpoints_bytes, after_decode=self._after_decode,
+                              synth_rates=load.synth_rates, context_shift=o.context_shift)
         self._stack.callback(self._engine.close)  # before the contexts go (LIFO)
-        if draft == "mtp" and phase_aware_workspace and workspace_mode != "off":
-            n_decode = n_seq_max * (draft_max + 1)
-            self._workspace = Workspace(self._ctx, self._draft_ctx, mode=workspace_mode,
-                                        n_decode_tokens=n_decode, allow_unsafe=allow_unsafe_workspace)
+
+    def _attach_workspace(self) -> None:
+        """The phase-aware workspace the target and its MTP draft context share (none without one)."""
+        o = self.options
+        if self._draft_ctx is not None and o.phase_aware_workspace and o.workspace_mode != "off":
+            n_decode = o.n_seq_max * (self._draft_max + 1)
+            self._workspace = Workspace(self._ctx, self._draft_ctx, mode=o.workspace_mode,
+                                        n_decode_tokens=n_decode, allow_unsafe=o.allow_unsafe_workspace)
             self._engine.workspace = self._workspace
             self._stack.callback(self._workspace.close)  # before the engine stops (LIFO)
         self._rpc.check(self._ctx.ctx)  # the weights reached every server
-        if adaptive and draft == "mtp":  # the costs and the acceptance the policy starts from (engine.prior)
-            head = {"draft_model": _prior.file_key(draft_file.path)} if draft_file is not None else {}
-            key = _prior.cost_key(model_path, _prior.cost_options(self.context_params, self.model_params), dict(
-                devices=list(devices or []), rpc=bool(self._rpc), tensor_split=list(tensor_split or []),
-                workspace=[phase_aware_workspace, workspace_mode], **head))
-            self._engine.calibrate(key, load_s=time.perf_counter() - t_load)
-            self._engine.remember_acceptance(_prior.acceptance_key(model_path, dict(
-                p_min=float(draft_p_min), synth_rates=list(synth_rates or []), **head)))
-        self._chat_templates = _chat.templates_for(self, chat_format, kwargs.get("chat_handler"), chat_template)
-        if self._chat_templates is not None:
-            self.chat_format = _chat.LAYER_FORMAT
+
+    def _calibrate(self, load: "_Load", t_load: float) -> None:
+        """draft_max="auto": the costs and the acceptance the policy starts from (engine.prior)."""
+        o = self.options
+        head = {"draft_model": _prior.file_key(load.draft_file.path)} if load.draft_file is not None else {}
+        key = _prior.cost_key(load.model_path, _prior.cost_options(self.context_params, self.model_params), dict(
+            devices=list(load.devices or []), rpc=bool(self._rpc), tensor_split=list(load.tensor_split or []),
+            workspace=[o.phase_aware_workspace, o.workspace_mode], **head))
+        self._engine.calibrate(key, load_s=time.perf_counter() - t_load)
+        self._engine.remember_acceptance(_prior.acceptance_key(load.model_path, dict(
+            p_min=float(o.draft_p_min), synth_rates=list(load.synth_rates or []), **head)))
 
     def _load_draft_model(self, draft_file: "_draft_file.DraftFile") -> "_internals.LlamaModel":
         """The draft file's model, placed as the target is (llama-server's
@@ -395,28 +526,31 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
         set_fields(mp, dict(load_mtp=True, tensor_buft_overrides=None))
         return _internals.LlamaModel(path_model=draft_file.path, params=mp, verbose=self.verbose)
 
-    def _fit(self, model_path, n_gpu_layers, flash_attn, split, tensor_split, model_fields, context_fields,
-             draft_fields, target_mib, n_ctx_min, kwargs, draft_path=None) -> "_fit.Fitted":
+    def _fit(self, load: "_Load", kwargs: dict) -> "_fit.Fitted":
         """llama.cpp's fit (:func:`engine.fit.fit`) over the params this Llama will load with (a
-        draft model's own file, ``draft_path``, measured beside the target as llama-server fits -md)."""
+        draft model's own file measured beside the target, as llama-server fits -md)."""
+        n_gpu_layers = load.n_gpu_layers
         ngl = {None: 0, "auto": _fit.AUTO_LAYERS, "all": 0x7FFFFFFF, -1: 0x7FFFFFFF}.get(n_gpu_layers, n_gpu_layers)
-        model = dict(model_fields, n_gpu_layers=ngl, split_mode=split, main_gpu=kwargs.get("main_gpu", 0))
+        model = dict(load.model_fields, n_gpu_layers=ngl, split_mode=load.split, main_gpu=kwargs.get("main_gpu", 0))
         split_array = None
-        if tensor_split:
-            split_array = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)
+        if load.tensor_split:
+            split_array = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*load.tensor_split)
             model["tensor_split"] = split_array
         n_batch = kwargs.get("n_batch", 512)
         context = dict(n_ctx=kwargs.get("n_ctx", 512), n_batch=n_batch,
-                       n_ubatch=min(n_batch, kwargs.get("n_ubatch", 512)), flash_attn_type=flash_attn,
+                       n_ubatch=min(n_batch, kwargs.get("n_ubatch", 512)), flash_attn_type=load.flash_attn,
                        offload_kqv=kwargs.get("offload_kqv", True))
         for key in ("type_k", "type_v", "swa_full", "op_offload"):
             if kwargs.get(key) is not None:
                 context[key] = kwargs[key]
-        context.update(context_fields)
+        context.update(load.context_fields)
         verbose = bool(kwargs.get("verbose", True))
         set_verbose(verbose)  # llama's log during the fit goes through the binding's logger
-        return _fit.fit(model_path, model_fields=model, context_fields=context, draft_fields=draft_fields,
-                        draft_path=draft_path, target_mib=target_mib, n_ctx_min=n_ctx_min, verbose=verbose)
+        return _fit.fit(load.model_path, model_fields=model, context_fields=context,
+                        draft_fields=self._draft_fields if load.draft == "mtp" else None,
+                        draft_path=load.draft_file.path if load.draft_file is not None else None,
+                        target_mib=self.options.fit_target_mib, n_ctx_min=self.options.fit_min_ctx,
+                        verbose=verbose)
 
     # the binding assigns these once, in __init__, before it loads the model / the context
     model_params = _WithOurFields("_model_fields")
@@ -438,11 +572,43 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
     # ---------------------------------------------------------------------------------------
     # completions and generation: engine requests
 
-    def create_chat_completion(self, messages=None, *args, **kwargs):
-        """The binding's call, or with ``chat_format == "llama.cpp"`` :func:`.chat_layer.create_chat_completion`."""
-        if self._chat_templates is None:
+    def create_completion(self, prompt, *args, id_slot: Optional[int] = None, cache_prompt: bool = True, **kwargs):
+        """The binding's ``create_completion``, plus llama-server's request fields ``id_slot`` (run
+        on that engine slot, waiting while it is busy; None or -1: any, the one holding the longest
+        prefix of the prompt first) and ``cache_prompt`` (False: evaluate the whole prompt instead of
+        reusing what the slot holds). Both become fields of the engine's request."""
+        call = _BINDING_COMPLETION.bind(self, prompt, *args, **kwargs)  # the binding's arguments (TypeError)
+        call.apply_defaults()
+        arguments = {k: v for k, v in call.arguments.items() if k != "self"}
+        if arguments["max_tokens"] is None:  # as the binding hands it on
+            arguments["max_tokens"] = -1
+        chunks = self._create_completion(**arguments, **self._request_fields(id_slot, cache_prompt))
+        return chunks if arguments["stream"] else next(chunks)
+
+    def __call__(self, prompt, *args, id_slot: Optional[int] = None, cache_prompt: bool = True, **kwargs):
+        """:meth:`create_completion` (the binding's ``__call__``)."""
+        return self.create_completion(prompt, *args, id_slot=id_slot, cache_prompt=cache_prompt, **kwargs)
+
+    def create_chat_completion(self, messages=None, *args, id_slot: Optional[int] = None, cache_prompt: bool = True,
+                               **kwargs):
+        """The binding's call, or with ``chat_format == "llama.cpp"`` :func:`.chat_layer.create_chat_completion`;
+        ``id_slot`` and ``cache_prompt`` as :meth:`create_completion` takes them."""
+        fields = self._request_fields(id_slot, cache_prompt)
+        if self._chat_templates is not None:
+            return _chat.create_chat_completion(self, self._chat_templates, messages, *args, **fields, **kwargs)
+        if fields["id_slot"] is None and fields["cache_prompt"]:
             return super().create_chat_completion(messages, *args, **kwargs)
-        return _chat.create_chat_completion(self, self._chat_templates, messages, *args, **kwargs)
+        # the binding's chat handlers call llama.create_completion with the binding's arguments alone
+        return llama_cpp.Llama.create_chat_completion(_WithRequestFields(self, fields), messages, *args, **kwargs)
+
+    def _request_fields(self, id_slot: Optional[int], cache_prompt: bool) -> dict:
+        """llama-server's ``id_slot`` (checked against the slots; -1: any, as None) and ``cache_prompt``,
+        as :func:`.completion.completion` takes them."""
+        n = len(self._engine.slots)
+        if id_slot is not None and id_slot != -1 and (isinstance(id_slot, bool) or not isinstance(id_slot, int)
+                                                      or not 0 <= id_slot < n):
+            raise ValueError(f"slot {id_slot}: this model has slots 0 to {n - 1}")
+        return {"id_slot": None if id_slot == -1 else id_slot, "cache_prompt": bool(cache_prompt)}
 
     def use_chat_templates(self, templates: "_chat.ChatTemplates") -> None:
         """Chat on these templates of llama.cpp's chat layer (the server's, from its flags)."""
@@ -459,26 +625,6 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
             seed = seed if seed is not None else random.Random(self._seed).randint(0, 2**32)
             self._seed = seed
             return seed
-
-    @contextlib.contextmanager
-    def on_slot(self, slot: Optional[int], cache_prompt: bool = True):
-        """The completions this thread makes in the block run on engine slot ``slot`` (llama-server's
-        ``id_slot``; waiting for it while it is busy; None: any) and, with ``cache_prompt=False``
-        (llama-server's), evaluate their whole prompt instead of reusing what the slot holds."""
-        if slot is not None and not 0 <= slot < len(self._engine.slots):
-            raise ValueError(f"slot {slot}: this model has slots 0 to {len(self._engine.slots) - 1}")
-        before = getattr(self._local, "slot", None), getattr(self._local, "cache_prompt", True)
-        self._local.slot, self._local.cache_prompt = slot, bool(cache_prompt)
-        try:
-            yield
-        finally:
-            self._local.slot, self._local.cache_prompt = before
-
-    def _slot_wanted(self) -> Optional[int]:
-        return getattr(self._local, "slot", None)
-
-    def _cache_prompt_wanted(self) -> bool:
-        return getattr(self._local, "cache_prompt", True)
 
     def _began(self, request: Request) -> None:
         self._local.request = request
@@ -634,6 +780,32 @@ class Llama(_state.SlotFiles, llama_cpp.Llama):
 
     def _cache_store(self, tokens: List[int]) -> None:
         self.cache[tokens] = self.save_state()
+
+    # ---------------------------------------------------------------------------------------
+    # llama-server's slot actions: a slot written to a file, put back, emptied (engine.slot_files)
+
+    def _slot_call(self, fn, id_slot: int, *args):
+        engine = self._engine
+        if isinstance(id_slot, bool) or not isinstance(id_slot, int) or not 0 <= id_slot < len(engine.slots):
+            raise ValueError(f"no slot {id_slot!r}: this model has slots 0 to {len(engine.slots) - 1}")
+        slot = engine.slots[id_slot]
+        return engine.exclusive(lambda: fn(engine, slot, *(str(a) for a in args)))
+
+    def save_slot(self, id_slot: int, path) -> Tuple[int, int]:
+        """Write slot ``id_slot`` (its sequence in the target and the draft context, the rows the
+        draft pairs with, its checkpoints) to ``path``; (tokens saved, bytes written). Runs on the
+        engine's thread once no request runs, as do :meth:`restore_slot` and :meth:`erase_slot`."""
+        return self._slot_call(_slot_files.save, id_slot, path)
+
+    def restore_slot(self, id_slot: int, path) -> Tuple[int, int]:
+        """Put a slot saved by :meth:`save_slot` (from any slot of the same model, with drafting
+        as here) into slot ``id_slot``; (tokens restored, bytes read). A ``ValueError`` for a file
+        this model cannot take, the slot then empty."""
+        return self._slot_call(_slot_files.restore, id_slot, path)
+
+    def erase_slot(self, id_slot: int) -> int:
+        """Empty slot ``id_slot``; the tokens it held."""
+        return self._slot_call(_slot_files.erase, id_slot)
 
     # ---------------------------------------------------------------------------------------
     # what it reports

@@ -5,21 +5,20 @@ single sequence (``input_ids``, ``n_tokens``: the engine's slot 0). A drafting `
 :class:`DraftingLlamaState`: that, plus the draft context's state and the target's hidden row the
 next token pairs with. Both run on the engine's thread while no request runs
 (:meth:`~llama_metaws.engine.core.Engine.exclusive`); loading replaces every sequence of the
-contexts, so the other slots start afresh. :class:`SlotFiles` gives ``Llama`` llama-server's
-per-slot save, restore and erase.
+contexts, so the other slots start afresh. (One slot written to a file and put back,
+llama-server's slot actions, is :mod:`.engine.slot_files`, through ``Llama.save_slot`` and kin.)
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Tuple
+from typing import Optional
 
 import numpy as np
 
-from .engine import slot_files
 from .native.binding import llama_cpp
 
-__all__ = ["DraftingLlamaState", "SlotFiles", "save", "check", "load"]
+__all__ = ["DraftingLlamaState", "save", "check", "load"]
 
 
 class DraftingLlamaState(llama_cpp.LlamaState):
@@ -98,30 +97,3 @@ def load(llm, state) -> None:
         n = state.draft_fed
     slot.keep(n, state.draft_row)
 
-
-class SlotFiles:
-    """llama-server's slot actions on a ``Llama`` (a base class of it): a slot written to a file,
-    put back into any slot of the same model, or emptied (:mod:`.engine.slot_files`). Each runs
-    on the engine's thread once no request runs."""
-
-    def _slot_call(self, fn, id_slot: int, *args):
-        engine = self._engine
-        if isinstance(id_slot, bool) or not isinstance(id_slot, int) or not 0 <= id_slot < len(engine.slots):
-            raise ValueError(f"no slot {id_slot!r}: this model has slots 0 to {len(engine.slots) - 1}")
-        slot = engine.slots[id_slot]
-        return engine.exclusive(lambda: fn(engine, slot, *(str(a) for a in args)))
-
-    def save_slot(self, id_slot: int, path) -> Tuple[int, int]:
-        """Write slot ``id_slot`` (its sequence in the target and the draft context, the rows the
-        draft pairs with, its checkpoints) to ``path``; (tokens saved, bytes written)."""
-        return self._slot_call(slot_files.save, id_slot, path)
-
-    def restore_slot(self, id_slot: int, path) -> Tuple[int, int]:
-        """Put a slot saved by :meth:`save_slot` (from any slot of the same model, with drafting
-        as here) into slot ``id_slot``; (tokens restored, bytes read). A ``ValueError`` for a file
-        this model cannot take, the slot then empty."""
-        return self._slot_call(slot_files.restore, id_slot, path)
-
-    def erase_slot(self, id_slot: int) -> int:
-        """Empty slot ``id_slot``; the tokens it held."""
-        return self._slot_call(slot_files.erase, id_slot)

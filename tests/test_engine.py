@@ -466,15 +466,13 @@ def test_in_a_unified_kv_an_idle_slots_prompt_gives_its_cells_to_a_running_one(a
     prompt = [(7 * i + 3) % N_VOCAB for i in range(200)]
     with Llama(agree_path, draft="mtp", n_ctx=N_CTX, n_batch=64, n_ubatch=64, n_seq_max=2, kv_unified=True,
                verbose=False) as llm:
-        with llm.on_slot(0):
-            first = llm.create_completion(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"]
+        first = llm.create_completion(prompt, max_tokens=8, temperature=0.0, id_slot=0)["choices"][0]["text"]
         assert llm.slots()[0]["n_past"] > 200
-        with llm.on_slot(1):
-            second = llm.create_completion(prompt[::-1], max_tokens=8, temperature=0.0)["choices"][0]["text"]
+        second = llm.create_completion(prompt[::-1], max_tokens=8, temperature=0.0, id_slot=1)["choices"][0]["text"]
         assert llm.slots()[0]["n_past"] == 0 and llm.slots()[1]["n_past"] > 200
-        with llm.on_slot(0):  # the cleared slot evaluates its prompt anew, with the same answer
-            assert llm.create_completion(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"] == first
-            assert llm.timings()["cache_n"] == 0
+        # the cleared slot evaluates its prompt anew, with the same answer
+        assert llm.create_completion(prompt, max_tokens=8, temperature=0.0, id_slot=0)["choices"][0]["text"] == first
+        assert llm.timings()["cache_n"] == 0
     with Llama(agree_path, draft="mtp", n_ctx=N_CTX, n_batch=64, n_ubatch=64, verbose=False) as solo:
         assert solo.create_completion(prompt[::-1], max_tokens=8, temperature=0.0)["choices"][0]["text"] == second
 

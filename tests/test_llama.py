@@ -145,6 +145,38 @@ def test_drop_in_features(agree_path):
         assert chat["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize("chat_format", ["chatml", "llama.cpp"])  # the binding's handler, our chat layer
+def test_id_slot_and_cache_prompt_are_arguments_of_each_completion_call(agree_path, chat_format):
+    """llama-server's ``id_slot`` and ``cache_prompt`` go with the call, down to its engine request."""
+    with Llama(agree_path, draft="mtp", n_seq_max=2, chat_format=chat_format, **KW) as llm:
+        greedy = dict(max_tokens=6, temperature=0.0)
+        text = llm(PROMPT, id_slot=1, **greedy)["choices"][0]["text"]
+        assert llm.slots()[0]["n_past"] == 0 and llm.slots()[1]["n_past"] > 0
+        assert _text(llm, id_slot=1, **greedy) == text and llm.timings()["cache_n"] > 0
+        assert _text(llm, id_slot=1, cache_prompt=False, **greedy) == text and llm.timings()["cache_n"] == 0
+        streamed = "".join(c["choices"][0]["text"] for c in
+                           llm.create_completion(PROMPT, stream=True, id_slot=0, **greedy))
+        assert streamed == text and llm.slots()[0]["n_past"] > 0
+
+        chat = [{"role": "user", "content": "hi"}]
+        llm.erase_slot(0), llm.erase_slot(1)
+        first = llm.create_chat_completion(chat, id_slot=1, **greedy)["choices"][0]["message"]["content"]
+        assert llm.slots()[0]["n_past"] == 0 and llm.slots()[1]["n_past"] > 0
+        again = llm.create_chat_completion(chat, id_slot=1, cache_prompt=False, **greedy)
+        assert again["choices"][0]["message"]["content"] == first and llm.timings()["cache_n"] == 0
+        assert llm.slots()[0]["n_past"] == 0
+        llm.create_chat_completion(chat, id_slot=1, **greedy)
+        assert llm.timings()["cache_n"] > 0
+
+        # a slot the model does not have: at the call, before a stream starts
+        with pytest.raises(ValueError, match="slot 2: this model has slots 0 to 1"):
+            llm.create_completion(PROMPT, stream=True, id_slot=2)
+        with pytest.raises(ValueError, match="slot True: this model has slots 0 to 1"):
+            llm.create_chat_completion(chat, id_slot=True)
+        with pytest.raises(TypeError):  # the binding's arguments, and no others
+            llm.create_completion(PROMPT, slot=1)
+
+
 def test_bad_inputs_are_exceptions(agree_path, models_dir, tmp_path):
     plain_model = str(make_tiny_model(models_dir / "llm-llama.gguf", arch="llama"))
     with pytest.raises(ValueError, match="'llama' model has none"):
@@ -168,6 +200,32 @@ def test_bad_inputs_are_exceptions(agree_path, models_dir, tmp_path):
     llm = Llama(agree_path, draft="mtp", **KW)
     llm.close()
     llm.close()  # harmless
+
+
+def test_one_options_object_checks_itself_and_builds_a_llama(agree_path):
+    """``LlamaOptions`` holds our keyword arguments and checks them when made (the messages
+    ``Llama``'s keywords give); ``Llama(path, options=...)`` loads from one, the same as the keywords."""
+    from llama_metaws import LlamaOptions
+
+    for bad, match in ((dict(draft="eagle"), "supported kinds"), (dict(draft_max=True), "draft_max must be"),
+                       (dict(draft_p_min=1.5), r"draft_p_min must be in \[0, 1\]"),
+                       (dict(workspace_mode="shared"), "is not one of"),
+                       (dict(split_mode="diagonal"), "split_mode 'diagonal'"),
+                       (dict(n_seq_max=0), "n_seq_max must be an integer >= 1"),
+                       (dict(ctx_checkpoints=-1), "ctx_checkpoints must be"),
+                       (dict(checkpoint_min_step=1.5), "checkpoint_min_step must be")):
+        with pytest.raises(ValueError, match=match):
+            LlamaOptions(**bad)
+        with pytest.raises(ValueError, match=match):  # before the model file is even looked at
+            Llama("/nonexistent/model.gguf", **bad)
+    opts = LlamaOptions(draft="mtp", draft_max="auto", n_seq_max=2, use_extra_bufts=False)
+    assert opts.adaptive and opts.draft_max_cap > 1 and opts.model_fields() == {"use_extra_bufts": False}
+    with Llama(agree_path, options=LlamaOptions(draft="mtp", draft_max=2, n_seq_max=2), **KW) as llm, \
+            Llama(agree_path, draft="mtp", draft_max=2, n_seq_max=2, **KW) as same:
+        assert llm.options == same.options and len(llm.slots()) == 2 and llm.drafting
+        assert _text(llm, temperature=0.0) == _text(same, temperature=0.0)
+    with pytest.raises(TypeError, match="n_seq_max: give these in options="):
+        Llama(agree_path, options=LlamaOptions(), n_seq_max=2, **KW)
 
 
 # the server: tests/test_server.py

@@ -37,8 +37,7 @@ def _draft_pos_max(llm, seq):
 
 
 def _run(llm, slot, prompt, cache_prompt=True):
-    with llm.on_slot(slot, cache_prompt=cache_prompt):
-        out = llm.create_completion(prompt, max_tokens=N, temperature=0.0)
+    out = llm.create_completion(prompt, max_tokens=N, temperature=0.0, id_slot=slot, cache_prompt=cache_prompt)
     return out["choices"][0]["text"], llm.timings()
 
 

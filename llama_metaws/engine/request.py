@@ -23,7 +23,7 @@ import numpy as np
 
 from .samplers import SamplingParams
 
-__all__ = ["DraftStats", "DraftStatsReport", "Output", "PromptProgress", "Request", "timings_of"]
+__all__ = ["DraftStats", "Output", "PromptProgress", "Request", "timings_of"]
 
 _ids = itertools.count(1)
 #: a throttled request's tokens generated ahead of its reader at most (one step's)
@@ -290,24 +290,3 @@ def timings_of(r: Request) -> dict:
         "shadow_drafts": r.stats.shadows,
     }
 
-
-class DraftStatsReport:
-    """Draft statistics: ``last`` (the request that ended last) and ``total`` (since the model loaded)."""
-
-    def __init__(self, engine_fn) -> None:
-        self._engine = engine_fn
-
-    @property
-    def last(self) -> DraftStats:
-        e = self._engine()
-        return e.last.stats if e is not None and e.last is not None else DraftStats()
-
-    @property
-    def total(self) -> DraftStats:
-        e = self._engine()
-        return e.total if e is not None else DraftStats()
-
-    def __repr__(self) -> str:
-        last, total = self.last, self.total
-        return (f"DraftStatsReport(last={last} acceptance={last.acceptance:.3f}, "
-                f"total={total} acceptance={total.acceptance:.3f})")

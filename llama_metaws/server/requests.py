@@ -209,12 +209,13 @@ class Plan:
     prompt_text: Optional[str] = None  # the prompt as it runs, its tokens as text (a chat's rendered)
 
     def call_kwargs(self, llm) -> dict:
-        """The keyword arguments, completed with what needs the loaded model. A logit bias goes
-        into our own processor list: the binding's ``LogitsProcessorList.extend`` returns None,
-        so its own bias dropped ``min_tokens`` and itself when both were given."""
+        """The keyword arguments, completed with what needs the loaded model and llama-server's
+        ``id_slot`` and ``cache_prompt``. A logit bias goes into our own processor list: the
+        binding's ``LogitsProcessorList.extend`` returns None, so its own bias dropped
+        ``min_tokens`` and itself when both were given."""
         from ..native.binding import llama_cpp
 
-        kw = dict(self.kwargs)
+        kw = dict(self.kwargs, id_slot=self.id_slot, cache_prompt=self.cache_prompt)
         processors = []
         if self.min_tokens > 0:
             processors.append(llama_cpp.MinTokensLogitsProcessor(self.min_tokens, llm.token_eos()))
@@ -234,8 +235,7 @@ class Plan:
             return self._stream(llm, call)
         outs = []
         for _ in range(self.n_choices):
-            with llm.on_slot(self.id_slot, cache_prompt=self.cache_prompt):
-                outs.append(call(**self.call_kwargs(llm)))
+            outs.append(call(**self.call_kwargs(llm)))
         if len(outs) == 1:
             return outs[0]
         out = dict(outs[0], choices=[dict(c, index=i) for i, o in enumerate(outs) for c in o["choices"]])
@@ -246,13 +246,11 @@ class Plan:
         return out
 
     def _stream(self, llm, call):
-        # the slot is chosen when the generator first runs: on_slot is entered there
         for i in range(self.n_choices):
-            with llm.on_slot(self.id_slot, cache_prompt=self.cache_prompt):
-                for chunk in call(**self.call_kwargs(llm)):
-                    if i and chunk.get("choices"):
-                        chunk = dict(chunk, choices=[dict(c, index=i) for c in chunk["choices"]])
-                    yield chunk
+            for chunk in call(**self.call_kwargs(llm)):
+                if i and chunk.get("choices"):
+                    chunk = dict(chunk, choices=[dict(c, index=i) for c in chunk["choices"]])
+                yield chunk
 
 
 def _request_types():
