@@ -38,7 +38,7 @@ CONFIGS = ("no drafting", "snapshots, no drafting", "auto")
 def child(spec: dict) -> dict:
     import llama_metaws  # noqa: F401
     import llama_cpp
-    import llama_metaws.llama as _llama
+    import llama_metaws.api.llama as _llama
     from llama_metaws import Llama
     from llama_metaws.engine.limits import AUTO_DRAFT_MAX
 

@@ -19,7 +19,7 @@ _runtime.prepare()
 def __getattr__(name):
     # the high-level classes load llama_cpp: only when asked for (the CLI's build runs without)
     if name in ("Llama", "LlamaOptions"):
-        from . import llama as _llama
+        from .api import llama as _llama
 
         return getattr(_llama, name)
     raise AttributeError(f"module 'llama_metaws' has no attribute {name!r}")

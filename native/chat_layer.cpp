@@ -8,7 +8,7 @@
 // GGML_ASSERT on are checked first.
 //
 // Strings returned through `char ** out` are malloc'ed; the caller frees them with
-// lmws_chat_free_string. Python's side is llama_metaws/chat_layer.py, the one module of ours
+// lmws_chat_free_string. Python's side is llama_metaws/api/chat_layer.py, the one module of ours
 // that calls these.
 #include "shim.h"
 

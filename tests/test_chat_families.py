@@ -118,7 +118,7 @@ def thinking_grammar(llm, template: str) -> str:
     """A grammar for ``REASONING`` then ``ANSWER``: the thinking block opened unless the template's
     generation prompt opens it."""
     templates = llm._chat_templates
-    from llama_metaws.chat_layer import chat_request
+    from llama_metaws.api.chat_layer import chat_request
 
     params = chat_request(templates, ASK).applied(templates)
     opened = params.generation_prompt.rstrip("\n").endswith("<think>")
@@ -243,7 +243,7 @@ def test_two_parallel_tool_calls_forced_by_a_required_tool_choice(llms, template
 
 def test_a_tool_result_and_reasoning_go_back_to_the_template(llms):
     llm = llms("Qwen3.5-4B.jinja")
-    from llama_metaws.chat_layer import chat_request
+    from llama_metaws.api.chat_layer import chat_request
 
     turn = ASK + [{"role": "assistant", "content": "", "reasoning_content": "I should call it",
                    "tool_calls": [{"id": "call_1", "type": "function",

@@ -1,4 +1,4 @@
-"""llama.cpp's chat layer through the shim (llama_metaws.chat_layer): templates from the vendored
+"""llama.cpp's chat layer through the shim (llama_metaws.api.chat_layer): templates from the vendored
 tree (read from the patched source at test time), apply, parse (full and partial), diffs, the
 grammar it makes, and every C++ exception as a Python one (the process goes on)."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from llama_metaws.chat_layer import (ChatGrammar, ChatTemplates, MessageParser, chat_request, delta_json,
+from llama_metaws.api.chat_layer import (ChatGrammar, ChatTemplates, MessageParser, chat_request, delta_json,
                                      message_json)
 from llama_metaws.errors import ChatLayerError
 from llama_metaws.native.runtime import require_build
@@ -200,7 +200,7 @@ def test_a_lazy_grammar_without_triggers_and_a_bad_parser_are_errors(qwen_llm):
 def test_every_error_leaves_the_process_running():
     """The errors above in a child: it exits 0 after each (a C++ exception never ends it)."""
     code = (
-        "from llama_metaws.chat_layer import ChatTemplates, chat_request\n"
+        "from llama_metaws.api.chat_layer import ChatTemplates, chat_request\n"
         "from llama_metaws.errors import ChatLayerError\n"
         "for src in ['{% if %}', '{{ raise_exception(\"x\") }}']:\n"
         "    try:\n"
@@ -225,7 +225,7 @@ def _builtin_names():
 
 
 def test_every_built_in_template_name_renders_without_jinja_as_no_jinja_does():
-    from llama_metaws.chat_layer import ChatOptions
+    from llama_metaws.api.chat_layer import ChatOptions
 
     names = _builtin_names()
     assert {"chatml", "llama3", "mistral-v7", "deepseek3", "gemma"} <= set(names)

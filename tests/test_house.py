@@ -123,7 +123,7 @@ def layer_of(module: str) -> str:
         return head
     if head == "__main__":
         return "cli"
-    return "frontends"  # llama.py, completion.py, state.py, server/
+    return "frontends"  # api/ (Llama, completion, chat layer, state), server/
 
 
 def upward_imports(graph):
@@ -138,8 +138,8 @@ def test_no_module_imports_from_a_layer_above_its_own():
 
 
 def test_the_layer_check_finds_an_upward_import():
-    bad = {"llama_metaws.engine.workspace": {"llama_metaws.llama"}, "llama_metaws.llama": set()}
-    assert upward_imports(bad) == ["llama_metaws.engine.workspace (engine) imports llama_metaws.llama (frontends)"]
+    bad = {"llama_metaws.engine.workspace": {"llama_metaws.api.llama"}, "llama_metaws.api.llama": set()}
+    assert upward_imports(bad) == ["llama_metaws.engine.workspace (engine) imports llama_metaws.api.llama (frontends)"]
 
 
 def test_importing_the_package_loads_no_model_builder():
@@ -301,7 +301,7 @@ def test_our_params_reach_llama_and_no_other_thread_sees_them(tiny_mtp_model):
 
 def test_params_that_did_not_reach_llama_are_an_error(tiny_mtp_model, monkeypatch):
     """A binding that made its params some other way: we notice instead of running without them."""
-    from llama_metaws import llama as llama_mod
+    from llama_metaws.api import llama as llama_mod
 
     def ignore(self, params):  # the binding's assignment no longer passes through our fields
         self.__dict__["_model_params"] = params

@@ -188,7 +188,7 @@ def app_client(plain_model):
     named, so who tokenizes can be seen."""
     from starlette.testclient import TestClient
 
-    from llama_metaws.chat_layer import ChatTemplates
+    from llama_metaws.api.chat_layer import ChatTemplates
     from llama_metaws.server.app import create_app
     from llama_metaws.server.requests import ModelAccess
     from llama_metaws.server.worker import ModelWorker, ServedLlama

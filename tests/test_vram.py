@@ -58,7 +58,7 @@ def test_sampler_figures_are_ggml_accounting_at_every_decode(mtp_path, monkeypat
     import llama_cpp
     import llama_cpp.llama_cpp as low
 
-    from llama_metaws.llama import Llama
+    from llama_metaws.api.llama import Llama
 
     # our own reading after every llama_decode, under the sampler's hook (installed later)
     readings, holder = [], {}

@@ -117,7 +117,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from . import flags
-    from ..llama import Llama
+    from ..api.llama import Llama
 
     try:
         llm = Llama(args.model, **flags.llama_kwargs(args))

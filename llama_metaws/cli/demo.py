@@ -26,7 +26,7 @@ def default_model() -> Path:
 def run(args: argparse.Namespace, print_devices: Callable[[], None]) -> int:
     """Devices, a short MTP completion, then the workspace modes compared (memory per device) on the
     embedded tiny model."""
-    from ..llama import Llama
+    from ..api.llama import Llama
     from ..tools import vram
 
     print_devices()

@@ -518,7 +518,7 @@ def chat_options(args: argparse.Namespace):
     """llama.cpp's chat layer's server-wide options from llama-server's flags."""
     import json
 
-    from ..chat_layer import ChatOptions
+    from ..api.chat_layer import ChatOptions
 
     kwargs = {k: json.dumps(v) for k, v in (getattr(args, "chat_template_kwargs", None) or {}).items()}
     reasoning = {"on": 1, "off": 0, "auto": -1}[getattr(args, "reasoning", "auto")]

@@ -3,7 +3,7 @@
 llama.cpp's sampling throws C++ exceptions where a request asks for what the model cannot give,
 and a C++ exception that reaches ctypes ends the process (``std::terminate``). The shim's
 ``native/sampler.cpp`` does the same steps with the checks in between and catches what is
-thrown; these are its Python side, for :class:`~llama_metaws.llama.Llama` and any engine:
+thrown; these are its Python side, for :class:`~llama_metaws.api.llama.Llama` and any engine:
 
 - :func:`check_grammar`: parse a GBNF grammar as llama.cpp does; :class:`GrammarError` with
   llama.cpp's parse message (``llama_sampler_init_grammar`` only returns NULL and prints why);

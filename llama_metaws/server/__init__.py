@@ -3,7 +3,7 @@ and llama-server's own on the patched ``Llama``.
 
 llama-cpp-python's request types and ``Llama.create_completion`` / ``create_chat_completion``
 (stop strings, seeds, logprobs, grammars; chats through llama.cpp's own chat layer,
-:mod:`llama_metaws.chat_layer`) do the work; the serving around them is ours. :mod:`.app` puts
+:mod:`llama_metaws.api.chat_layer`) do the work; the serving around them is ours. :mod:`.app` puts
 the route groups (:mod:`.routes`) on a :class:`.serving.Serving`; the request layer
 (:mod:`.requests`, :mod:`.openai_api`, :mod:`.responses_api`, :mod:`.anthropic_api`,
 :mod:`.llama_api`, :mod:`.infill`, :mod:`.chat`) checks, tokenizes and shapes, off the model's
@@ -74,7 +74,7 @@ def serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from .app import create_app
-        from ..chat_layer import ChatTemplates
+        from ..api.chat_layer import ChatTemplates
         from .openai_api import system_fingerprint
         from .requests import ModelAccess
         from .worker import ModelWorker, ServedLlama
@@ -106,7 +106,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"llama-metaws serve: {e}", file=sys.stderr)
         return 2
-    try:  # llama.cpp's chat layer, as llama-server sets it up (see llama_metaws.chat_layer)
+    try:  # llama.cpp's chat layer, as llama-server sets it up (see llama_metaws.api.chat_layer)
         templates = ChatTemplates.for_llama(llm, args.chat_template, args.chat_template_file, chat_options(args))
     except ValueError as e:
         llm.close()

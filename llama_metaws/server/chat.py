@@ -1,8 +1,8 @@
-"""A chat request as the server hands it to llama.cpp's chat layer (:mod:`llama_metaws.chat_layer`).
+"""A chat request as the server hands it to llama.cpp's chat layer (:mod:`llama_metaws.api.chat_layer`).
 
 ``/v1/chat/completions`` and ``/apply-template`` read the request's chat fields here, as
 llama-server's ``oaicompat_chat_params_parse`` reads them, into one
-:class:`~llama_metaws.chat_layer.ChatRequest`, and apply the template to it at once (off the
+:class:`~llama_metaws.api.chat_layer.ChatRequest`, and apply the template to it at once (off the
 model's thread): what the layer refuses (a template that cannot render these messages, tools it
 cannot read, a schema it cannot turn into a grammar) is a 400 before the request waits for the
 model, and the prompt is tokenized here. The model's thread then runs the same request
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ..chat_layer import ChatRequest, chat_request
+from ..api.chat_layer import ChatRequest, chat_request
 from ..errors import ChatLayerError, GrammarError
 from .errors import RequestError
 

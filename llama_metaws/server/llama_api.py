@@ -392,7 +392,7 @@ class Responder:
 
     def probabilities(self, lp: Optional[dict]) -> List[dict]:
         """llama-server's ``completion_probabilities`` from a logprobs object (see
-        :mod:`llama_metaws.completion`: its ``token_ids`` and ``top_ids``)."""
+        :mod:`llama_metaws.api.completion`: its ``token_ids`` and ``top_ids``)."""
         if not lp or "token_ids" not in lp:
             return []
         n, out = self.options.n_probs, []

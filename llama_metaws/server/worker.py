@@ -41,7 +41,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..engine.rpc import RPCServerError
-from ..llama import Llama
+from ..api.llama import Llama
 from .errors import Cancelled, RequestError, shutting_down, unavailable
 
 

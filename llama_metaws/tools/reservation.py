@@ -128,7 +128,7 @@ def held_side_by_side(model_path: str, *, n_seq_max: int = 2, draft_max: int = 3
     """Our drafting ``Llama`` with and without the shared workspace, beside the contexts
     llama-server would make for the same ``-np n_seq_max -ub n_ubatch -c n_ctx --spec-type draft-mtp``
     with ``--spec-draft-n-max draft_max`` (:func:`llama_server_reservation`)."""
-    from ..llama import Llama
+    from ..api.llama import Llama
 
     args = dict(draft="mtp", draft_max=draft_max, n_seq_max=n_seq_max, n_ctx=n_ctx, n_batch=n_ubatch,
                 n_ubatch=n_ubatch, verbose=False, **kw)

@@ -126,7 +126,7 @@ def _run_child(req: dict, emit: _Events) -> None:
     sampler.start()
     emit("labels", labels=sampler.report(raise_error=False).labels)  # kept if the process dies
     from ...engine.buffers import compute_buffers
-    from ...llama import Llama
+    from ...api.llama import Llama
 
     sampler.mark("load")
     llm = Llama(req["model"], **kw)

@@ -53,7 +53,7 @@ def _memory(llm) -> dict:
 
 def _child(req: dict) -> dict:
     import llama_metaws  # noqa: F401  (the patched build, before llama_cpp)
-    from ...llama import Llama
+    from ...api.llama import Llama
 
     n_ctx, n_predict, draft_max = int(req["n_ctx"]), int(req["n_predict"]), int(req["draft_max"])
     lengths = request_lengths(n_ctx // int(req["n_seq_max"]), n_predict, draft_max)

@@ -2,7 +2,7 @@
 
 One object, checked when it is made (a ``ValueError`` that names the argument, before anything
 loads); ``Llama.__init__`` builds one from its keyword arguments (or takes one, ``options=``) and
-loads from it. What each field does: the module docstring of :mod:`llama_metaws.llama` and
+loads from it. What each field does: the module docstring of :mod:`llama_metaws.api.llama` and
 docs/python-api.md. The binding's own arguments that we read with wider values (``n_gpu_layers``
 ``"auto"``, ``flash_attn="auto"``, a ``draft_model`` path, ``split_mode`` names) stay the
 binding's keywords; ``split_mode`` and ``tensor_split`` are here because ``Llama`` names them in
@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional, Sequence, Union
 
-from .engine import checkpoints as _ckpt
-from .engine import fit as _fit
-from .engine.contexts import MODEL_FIELD_KWARGS, split_mode_value
-from .engine.drafting import AdaptiveLength
-from .engine.workspace import MODES as WORKSPACE_MODES
-from .native.binding import llama_cpp
+from ..engine import checkpoints as _ckpt
+from ..engine import fit as _fit
+from ..engine.contexts import MODEL_FIELD_KWARGS, split_mode_value
+from ..engine.drafting import AdaptiveLength
+from ..engine.workspace import MODES as WORKSPACE_MODES
+from ..native.binding import llama_cpp
 
 __all__ = ["DRAFT_KINDS", "LlamaOptions"]
 

@@ -32,9 +32,9 @@ import time
 import uuid
 from typing import Dict, Iterator, List, Optional
 
-from .engine.samplers import ChatGrammar, ReasoningBudget
-from .errors import ChatLayerError
-from .native.shim import check_error, ffi, lib
+from ..engine.samplers import ChatGrammar, ReasoningBudget
+from ..errors import ChatLayerError
+from ..native.shim import check_error, ffi, lib
 
 __all__ = ["ChatTemplates", "ChatParams", "ChatOptions", "ChatRequest", "MessageParser", "chat_request",
            "message_json", "delta_json", "run_chat", "REASONING_FORMATS"]
@@ -94,7 +94,7 @@ class ChatTemplates:
     """
 
     def __init__(self, model, source: Optional[str] = None, options: Optional[ChatOptions] = None):
-        from .native.shim import address
+        from ..native.shim import address
 
         self.options = options or ChatOptions()
         ptr = ffi.new("struct lmws_chat_templates **")
@@ -482,7 +482,7 @@ def templates_for(llm, chat_format: Optional[str], chat_handler, chat_template: 
 
 def _chat_logprobs(logprobs):
     """A completion's logprobs in a chat's shape, as the binding's chat handlers give them."""
-    from .native.binding import llama_cpp
+    from ..native.binding import llama_cpp
 
     return llama_cpp.llama_chat_format._convert_text_completion_logprobs_to_chat(logprobs)
 

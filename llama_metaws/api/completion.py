@@ -23,9 +23,9 @@ from typing import Iterator, List, Optional
 
 import numpy as np
 
-from .engine.request import Request
-from .engine.samplers import SamplingParams
-from .native.binding import llama_cpp
+from ..engine.request import Request
+from ..engine.samplers import SamplingParams
+from ..native.binding import llama_cpp
 
 __all__ = ["completion", "prompt_tokens"]
 
@@ -172,7 +172,7 @@ def completion(llm, prompt, suffix: Optional[str] = None, max_tokens: Optional[i
     completion ends with a chunk carrying ``usage`` and no choices (OpenAI's
     ``stream_options.include_usage``); ``preserved_tokens``: token ids whose text the completion
     shows although they are special, ``reasoning_budget``: a
-    :class:`~llama_metaws.engine.samplers.ReasoningBudget` (both a chat's, :mod:`llama_metaws.chat_layer`)."""
+    :class:`~llama_metaws.engine.samplers.ReasoningBudget` (both a chat's, :mod:`llama_metaws.api.chat_layer`)."""
     assert suffix is None or isinstance(suffix, str)
     if preserved_tokens:
         llm = _RenderingPreserved(llm, frozenset(preserved_tokens))

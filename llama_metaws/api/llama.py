@@ -5,12 +5,12 @@ streaming, chat with the model's template, tokenize/detokenize, stop strings, se
 grammars, the low-level ``eval``/``sample``/``generate``, ``save_state``/``load_state``). The
 generation runs on the :class:`~llama_metaws.engine.core.Engine`: each completion is an engine
 request, and several threads' completions on one ``Llama(n_seq_max=N)`` run in the same steps,
-N at a time, batched (:mod:`llama_metaws.completion` answers them in the binding's shapes). The
+N at a time, batched (:mod:`llama_metaws.api.completion` answers them in the binding's shapes). The
 draft model is the model's own MTP (NextN) head in a second context, and the two contexts share a
 phase-aware workspace.
 
 New keyword arguments (llama.cpp's option names), held and checked by one
-:class:`~llama_metaws.options.LlamaOptions` (``Llama(path, options=LlamaOptions(...))`` takes one
+:class:`~llama_metaws.api.options.LlamaOptions` (``Llama(path, options=LlamaOptions(...))`` takes one
 made already; ``llm.options`` is the one a Llama was built from):
 
 - ``draft="mtp"`` drafts with the model's NextN layers (``None``, the default: no drafting);
@@ -86,26 +86,26 @@ import numpy as np
 from . import chat_layer as _chat
 from . import completion as _completion
 from . import state as _state
-from .engine import checkpoints as _ckpt
-from .engine import contexts as _contexts
-from .engine import draft_file as _draft_file
-from .engine import devices as _devices
-from .engine import fit as _fit
-from .engine import rpc as _rpc
-from .engine import prior as _prior
-from .engine import sampling as _sampling
-from .engine import synthetic as _synthetic
-from .engine.core import Engine
-from .engine.gguf_meta import architecture as _gguf_arch, nextn_layers as _gguf_nextn_layers
-from .native.archs import check_mtp_graph, check_tensor_split as check_arch_tensor_split
-from .engine.limits import check_draft_max
-from .engine import slot_files as _slot_files
-from .engine.request import DraftStats, Request, timings_of
-from .engine.samplers import SamplingParams
-from .engine.workspace import Workspace
-from .errors import GrammarError
-from .native.binding import _internals, llama_cpp, set_verbose
-from .native.params import check_fields, keeping, set_fields
+from ..engine import checkpoints as _ckpt
+from ..engine import contexts as _contexts
+from ..engine import draft_file as _draft_file
+from ..engine import devices as _devices
+from ..engine import fit as _fit
+from ..engine import rpc as _rpc
+from ..engine import prior as _prior
+from ..engine import sampling as _sampling
+from ..engine import synthetic as _synthetic
+from ..engine.core import Engine
+from ..engine.gguf_meta import architecture as _gguf_arch, nextn_layers as _gguf_nextn_layers
+from ..native.archs import check_mtp_graph, check_tensor_split as check_arch_tensor_split
+from ..engine.limits import check_draft_max
+from ..engine import slot_files as _slot_files
+from ..engine.request import DraftStats, Request, timings_of
+from ..engine.samplers import SamplingParams
+from ..engine.workspace import Workspace
+from ..errors import GrammarError
+from ..native.binding import _internals, llama_cpp, set_verbose
+from ..native.params import check_fields, keeping, set_fields
 from .options import LlamaOptions
 
 __all__ = ["Llama", "LlamaOptions", "DraftStatsReport"]
@@ -615,7 +615,7 @@ class Llama(llama_cpp.Llama):
         self._chat_templates, self.chat_format = templates, _chat.LAYER_FORMAT
 
     def _create_completion(self, *args, **kwargs):
-        """The binding's completion generator, answered by the engine (:mod:`llama_metaws.completion`)."""
+        """The binding's completion generator, answered by the engine (:mod:`llama_metaws.api.completion`)."""
         return _completion.completion(self, *args, **kwargs)
 
     def _request_seed(self, seed: Optional[int]) -> int:

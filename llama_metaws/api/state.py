@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from .native.binding import llama_cpp
+from ..native.binding import llama_cpp
 
 __all__ = ["DraftingLlamaState", "save", "check", "load"]
 
