@@ -215,7 +215,7 @@ def dev_wheel(dest: Path) -> Path:
     """The developer package (``dev/``: the tests' builders, the real-shape step, the assert's
     reproduction, the tools build) as a pure wheel: run.sh installs it beside llama-metaws."""
     with tempfile.TemporaryDirectory() as tmp:
-        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp,
+        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp,
               str(_build.source_root() / "dev")], "llama-metaws-dev's wheel")
         (whl,) = Path(tmp).glob("llama_metaws_dev-*.whl")
         shutil.copy2(whl, dest / whl.name)
