@@ -197,18 +197,18 @@ def test_the_designed_token_has_the_tiny_models_peak_at_any_vocabulary() -> None
 
 
 def test_the_constants_shared_with_the_tiny_builders_agree() -> None:
-    from llama_metaws import testing
-    from llama_metaws_dev.testing import realshape
+    from llama_metaws.demo import model as tiny, realshape
+    from llama_metaws_dev import testing
 
-    assert (realshape.N_VOCAB, realshape.LOGIT_MARGIN) == (testing.N_VOCAB, testing.LOGIT_MARGIN)
-    assert realshape.CHAT_TEMPLATE == testing.CHAT_TEMPLATE
+    assert (realshape.N_VOCAB, realshape.LOGIT_MARGIN) == (tiny.N_VOCAB, tiny.LOGIT_MARGIN)
+    assert realshape.CHAT_TEMPLATE == tiny.CHAT_TEMPLATE
     assert (realshape._RMS_EPS, realshape._SSM_CONV, realshape._SMALL_OUT_STD) == (
-        testing._RMS_EPS, testing._SSM_CONV, testing._SMALL_OUT_STD)
-    assert testing.make_mtp_model is realshape.make_mtp_model
+        tiny._RMS_EPS, tiny._SSM_CONV, tiny._SMALL_OUT_STD)
+    assert testing.make_mtp_model is realshape.make_mtp_model  # the tests' builders re-export the demo's
 
 
 def test_the_embedding_basis_is_orthonormal_at_every_width_and_one_qr_up_to_2048() -> None:
-    from llama_metaws_dev.testing import realshape
+    from llama_metaws.demo import realshape
 
     # the bench widths: the QR they always had, so their files' bytes did not change
     q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((1024, 1024)))
