@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 from .errors import LLAMA, RequestError
-from .requests import ModelAccess, Plan, cache_prompt, check_messages
+from .validation import ModelAccess, Plan, cache_prompt, check_messages
 
 #: llama-server's fields that change nothing here: the sampler chain is the binding's own order,
 #: the others shape what this server does not do
