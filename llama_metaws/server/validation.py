@@ -1,5 +1,17 @@
 """What a request may ask for, checked before it reaches the model; what it runs as (:class:`Plan`).
 
+Every request body is checked by a pydantic model (:class:`CompletionBody`,
+:class:`ChatBody`, :class:`LlamaCompletionBody`, :class:`MessagesBody`), and :func:`validated`
+is the one place where a refusal becomes an answer: the first error, naming its field, as a 400
+:class:`~.errors.RequestError`, which the route answers in its API's shape (OpenAI's, llama-server's
+or Anthropic's, :mod:`.errors`). A field no model declares is a 400 naming it on OpenAI's routes
+(``unsupported_parameter``) and ignored on llama-server's ``/completion``, as llama-server ignores it.
+
+OpenAI's routes (:func:`completion`, :func:`chat`) take llama-cpp-python's server types
+(``CreateCompletionRequest``, ``CreateChatCompletionRequest``), extended with the OpenAI fields the
+binding lacks and llama-server's own (:class:`OpenAIExtras`, :class:`LlamaServerFields`).
+llama-server's ``/completion`` is :mod:`.llama_api`'s, on the same :class:`Plan`.
+
 The request layer talks to the model through :class:`ModelAccess` only: ``Llama``'s public calls
 that are safe from any thread while the model's thread generates (tokenize, detokenize,
 check_grammar, the vocabulary's size, the context's), and the chat template. Everything here runs
@@ -7,18 +19,20 @@ off the model's thread (the app calls it in a worker thread): a prompt is tokeni
 grammar parsed here, so a bad one is a 400 before it is queued and a huge prompt costs the model
 nothing. The tokens travel with the plan (:attr:`Plan.tokens`), keyed as the binding asks for
 them, and the model's ``tokenize`` answers from them.
-
-OpenAI's routes (:func:`completion`, :func:`chat`) take llama-cpp-python's server types
-(``CreateCompletionRequest``, ``CreateChatCompletionRequest``) plus the OpenAI fields listed in
-:data:`OPENAI_ACCEPTED`; a parameter neither knows is a 400 naming it. llama-server's own
-``/completion`` is :mod:`.llama_api`'s, on the same :class:`Plan`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from pydantic import (BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
+from pydantic_core import PydanticCustomError
+
+from ..native.binding import llama_cpp  # noqa: F401  (the build check, before the binding's types)
+from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest  # noqa: E402
 
 from . import chat as _chat
 from .errors import RequestError
@@ -27,32 +41,10 @@ from .errors import RequestError
 _NOT_KWARGS = {"model", "n", "best_of", "user", "logit_bias", "logit_bias_type", "min_tokens", "grammar",
                "max_completion_tokens"}
 
-#: OpenAI fields the binding's types do not have, accepted here: ``stream_options.include_usage``
-#: is honoured (a last chunk with the usage), and on a chat ``parallel_tool_calls`` and
-#: ``reasoning_effort`` (given to llama.cpp's chat layer, as llama-server does); ``store``,
-#: ``metadata`` and ``service_tier`` are accepted and ignored.
-OPENAI_ACCEPTED = {"stream_options", "parallel_tool_calls", "store", "metadata", "reasoning_effort",
-                   "service_tier"}
-
-#: llama-server's own chat fields, for its chat layer: ``reasoning_format`` (none, auto,
-#: deepseek, deepseek-legacy), ``chat_template_kwargs`` (``enable_thinking``, ...),
-#: ``json_schema``, ``add_generation_prompt``, ``continue_final_message``, the reasoning budget's
-LLAMA_SERVER_CHAT = {"reasoning_format", "chat_template_kwargs", "json_schema", "add_generation_prompt",
-                     "continue_final_message",
-                     "reasoning_budget_tokens", "thinking_budget_tokens", "reasoning_budget_message"}
-
-#: llama-server's own fields its OpenAI routes take too: ``cache_prompt`` (true, the default:
-#: reuse the prefix of the prompt a slot holds; false: evaluate the whole prompt),
-#: ``timings_per_token`` (each streamed chunk carries the ``timings`` so far),
-#: ``return_progress`` (a stream's first chunk carries ``prompt_progress``, once the prompt is done)
-#: ``id_slot`` (the engine slot to run on; -1: any) and ``verbose`` (the answer carries
-#: ``__verbose``: the prompt's tokens as text, BOS and special tokens included, and the answer's
-#: text; also for every request of a server started with -v); ``n_predict`` is llama-server's
-#: name of ``max_tokens`` (-1: up to the context)
-LLAMA_SERVER_ACCEPTED = {"cache_prompt", "timings_per_token", "return_progress", "id_slot", "verbose", "n_predict"}
+#: the most choices (``n``) one request may ask for
+MAX_CHOICES = 16
 
 TokenKey = Tuple[bytes, bool, bool]  # what the binding passes to Llama.tokenize: text, add_bos, special
-
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
@@ -255,119 +247,332 @@ class Plan:
                     yield chunk
 
 
-def _request_types():
-    from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest
 
-    return CreateCompletionRequest, CreateChatCompletionRequest
+# --- the request bodies' models, and the one place their refusals become answers -------------
 
 
-_PLAN_FLAGS = ("timings_per_token", "return_progress", "id_slot", "verbose")
+def refusal(message: str, param: Optional[str] = None, code: str = "invalid_value") -> PydanticCustomError:
+    """A validator's refusal: ``message`` is the whole message (it names its field), ``param`` the
+    field when the validator is the model's (a field's validator names its own), ``code`` the
+    error's code on OpenAI's routes."""
+    return PydanticCustomError(code, message, {"param": param} if param else None)
 
 
-def _n_predict(body: dict) -> dict:
-    """llama-server's ``n_predict`` as ``max_tokens`` (when that is absent); -1 or 0: no limit
-    but the context's."""
-    if "n_predict" not in body or body.get("max_tokens") is not None:
-        return body
-    value = body["n_predict"]
-    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-        raise RequestError(400, f"invalid 'n_predict': {value!r}; an integer, -1 (up to the context) or more",
-                           param="n_predict", code="invalid_value")
-    return dict(body, max_tokens=value if value > 0 else None)
+_OUR_CODES = {"invalid_value", "unsupported_value", "unsupported_parameter", "unsupported_content"}
 
 
-def llama_server_fields(body: dict, plan: "Plan", model: "ModelAccess") -> None:
-    """llama-server's ``timings_per_token``, ``return_progress`` (booleans) and ``id_slot`` (a
-    slot, or -1) onto the plan; a 400 for any other value."""
-    for key in ("timings_per_token", "return_progress", "verbose"):
-        value = body.get(key, False)
-        if not isinstance(value, bool):
-            raise RequestError(400, f"invalid {key!r}: true or false is expected, got {value!r}", param=key,
-                               code="invalid_value")
-        setattr(plan, key, value)
-    slot = body.get("id_slot", -1)
-    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not -1 <= slot < model.n_slots):
-        raise RequestError(400, f"invalid 'id_slot': {slot!r}: this server has slots 0 to {model.n_slots - 1} "
-                           "(or -1: any)", param="id_slot", code="invalid_value")
-    plan.id_slot = slot if slot is not None and slot >= 0 else None
-    plan.verbose = plan.verbose or model.verbose
-
-
-def cache_prompt(body: dict, model: "ModelAccess") -> bool:
-    """llama-server's ``cache_prompt`` (when absent: the server's, ``--cache-prompt`` / ``--no-cache-prompt``,
-    true by default); anything but a boolean is a 400."""
-    value = body.get("cache_prompt", model.cache_prompt)
-    if not isinstance(value, bool):
-        raise RequestError(400, f"invalid 'cache_prompt': true or false is expected, got {value!r}",
-                           param="cache_prompt", code="invalid_value")
-    return value
-
-
-def check_known(body: dict, known) -> None:
-    unknown = sorted(k for k in body if k not in known)
+def request_error(error: ValidationError) -> RequestError:
+    """A pydantic refusal as the 400 the routes answer: the fields no model declares first (named
+    in one message), else the first error, its field named (``invalid 'temperature': Input should
+    be a valid number, ...``)."""
+    errors = error.errors(include_url=False)
+    unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
     if unknown:
-        raise RequestError(400, f"unsupported parameter: {unknown[0]!r} (this server does not implement "
-                           "it)" + (f"; also unsupported: {', '.join(map(repr, unknown[1:]))}" if unknown[1:] else ""),
-                           param=unknown[0], code="unsupported_parameter")
+        also = f"; also unsupported: {', '.join(map(repr, unknown[1:]))}" if unknown[1:] else ""
+        return RequestError(400, f"unsupported parameter: {unknown[0]!r} (this server does not implement it){also}",
+                            param=unknown[0], code="unsupported_parameter")
+    first = errors[0]
+    loc = ".".join(str(x) for x in first["loc"])
+    param = (first.get("ctx") or {}).get("param") or (str(first["loc"][0]) if first["loc"] else None)
+    if first["type"] in _OUR_CODES:
+        return RequestError(400, first["msg"], param=param, code=first["type"])
+    if first["type"] == "missing":
+        return RequestError(400, f"{loc!r} is required", param=param, code="invalid_value")
+    return RequestError(400, f"invalid {loc!r}: {first['msg']}" if loc else first["msg"], param=param,
+                        code="invalid_value")
 
 
-def check_max_tokens(body: dict, key: str) -> None:
-    value = body.get(key)
-    if value is None or isinstance(value, bool) or not isinstance(value, int):
-        return  # absent, null, or a type the request type reports
-    if value < 1:
-        raise RequestError(400, f"invalid {key!r}: {value}; it must be at least 1", param=key,
-                           code="invalid_value")
+def validated(model_type, body: dict, model: Optional["ModelAccess"] = None):
+    """``body`` as a ``model_type``, checked against the server (its slots, its vocabulary); a
+    400 naming the field otherwise (:func:`request_error`)."""
+    context = {"n_slots": model.n_slots, "n_vocab": model.n_vocab} if model is not None else {}
+    try:
+        return model_type.model_validate(body, context=context)
+    except ValidationError as e:
+        raise request_error(e) from None
 
 
-def choices_wanted(body: dict, key: str = "n") -> int:
-    """OpenAI's ``n``: how many choices to generate (1 when absent)."""
-    value = body.get(key, 1)
-    if value is None:
-        return 1
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
-        raise RequestError(400, f"invalid {key!r}: {value!r}; it must be an integer from 1 to {MAX_CHOICES}",
-                           param=key, code="invalid_value")
+def _slot_in_range(value: Optional[int], info: ValidationInfo) -> Optional[int]:
+    """llama-server's ``id_slot``: a slot of this server, or -1 (any)."""
+    n = (info.context or {}).get("n_slots")
+    if value is not None and n is not None and not -1 <= value < n:
+        raise refusal(f"invalid 'id_slot': {value!r}: this server has slots 0 to {n - 1} (or -1: any)")
     return value
 
 
-#: the most choices (``n``) one request may ask for
-MAX_CHOICES = 16
+def _token_ids(ids: List[int], param: str, info: ValidationInfo) -> List[int]:
+    """Token ids inside the vocabulary (llama.cpp would throw on one outside it)."""
+    n = (info.context or {}).get("n_vocab")
+    bad = next((t for t in ids if n is not None and not 0 <= t < n), None)
+    if bad is not None:
+        raise refusal(f"invalid {param!r}: token {bad} is outside the vocabulary [0, {n})")
+    return ids
 
 
-def check_one_choice(body: dict, key: str) -> None:
-    value = body.get(key, 1)
-    if value is not None and value != 1:
-        raise RequestError(400, f"{key}={value!r} is not supported: this server returns one choice per "
-                           f"request; send {key}=1 (or leave it out) and repeat the request for more",
-                           param=key, code="unsupported_value")
+def _n_predict_range(value: Optional[int]) -> Optional[int]:
+    if value is not None and value < -1:
+        raise refusal(f"invalid 'n_predict': {value!r}; an integer, -1 (up to the context) or more")
+    return value
 
 
-def validate(model_type, body: dict):
-    from pydantic import ValidationError
+class LlamaServerFields(BaseModel):
+    """llama-server's own fields its OpenAI routes take too."""
 
-    try:
-        return model_type.model_validate(body)
-    except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise RequestError(400, f"invalid {loc!r}: {first.get('msg', 'invalid value')}" if loc else
-                           str(first.get("msg")), param=loc.split(".")[0] or None,
-                           code="invalid_value") from None
+    #: true (the server's default, ``--cache-prompt``): reuse the prefix of the prompt a slot
+    #: holds; false: evaluate the whole prompt; absent or null: the server's
+    cache_prompt: Optional[StrictBool] = None
+    #: each streamed chunk carries the ``timings`` so far
+    timings_per_token: StrictBool = False
+    #: a stream's first chunk carries ``prompt_progress``, once the prompt is done
+    return_progress: StrictBool = False
+    #: the answer carries ``__verbose``: the prompt's tokens as text, BOS and special tokens
+    #: included, and the answer's text (also for every request of a server started with -v)
+    verbose: StrictBool = False
+    #: the engine slot to run on; -1: any
+    id_slot: Optional[StrictInt] = -1
+    #: llama-server's name of ``max_tokens`` (-1: up to the context), where that is absent
+    n_predict: Optional[StrictInt] = None
+
+    _slot = field_validator("id_slot")(_slot_in_range)
+    _n_predict = field_validator("n_predict")(_n_predict_range)
 
 
-def _stream_options(body: dict) -> bool:
-    """Whether a stream ends with a usage chunk; ``stream_options`` only goes with ``stream``."""
-    opts = body.get("stream_options")
-    if opts is None:
-        return False
-    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
-        raise RequestError(400, "invalid 'stream_options': an object such as {\"include_usage\": true} is expected",
-                           param="stream_options", code="invalid_value")
-    if not body.get("stream"):
-        raise RequestError(400, "'stream_options' is only allowed with 'stream': true", param="stream_options",
-                           code="invalid_value")
-    return bool(opts.get("include_usage"))
+class OpenAIExtras(LlamaServerFields):
+    """OpenAI's fields the binding's types lack: ``stream_options.include_usage`` is honoured (a
+    last chunk with the usage); ``store``, ``metadata`` and ``service_tier`` are accepted and
+    ignored. With llama-server's own fields, and every field not declared refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stream_options: Optional[Dict[str, Any]] = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _include_usage(cls, value):
+        if value is not None and not isinstance(value.get("include_usage", False), bool):
+            raise refusal("invalid 'stream_options': an object such as {\"include_usage\": true} is expected")
+        return value
+
+    @field_validator("max_tokens", check_fields=False)
+    @classmethod
+    def _at_least_one(cls, value, info: ValidationInfo):
+        if value is not None and value < 1:
+            raise refusal(f"invalid {info.field_name!r}: {value}; it must be at least 1")
+        return value
+
+    @field_validator("n", check_fields=False)
+    @classmethod
+    def _choices(cls, value):
+        """OpenAI's ``n``: how many choices to generate (1 when absent or null)."""
+        if value is None:
+            return 1
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
+            raise refusal(f"invalid 'n': {value!r}; it must be an integer from 1 to {MAX_CHOICES}")
+        return value
+
+    @model_validator(mode="after")
+    def _with_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise refusal("'stream_options' is only allowed with 'stream': true", "stream_options")
+        if self.n_predict is not None and (self.max_tokens is None or "max_tokens" not in self.model_fields_set):
+            self.max_tokens = self.n_predict if self.n_predict > 0 else None
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return bool((self.stream_options or {}).get("include_usage"))
+
+    def kwargs(self, exclude=()) -> dict:
+        """The fields that are keyword arguments of the ``Llama`` call."""
+        ours = set(type(self).model_fields) - set(self._binding_type().model_fields)
+        return self.model_dump(exclude=_NOT_KWARGS | ours | set(exclude))
+
+    @classmethod
+    def _binding_type(cls):
+        return next(b for b in cls.__mro__ if b in (CreateCompletionRequest, CreateChatCompletionRequest))
+
+
+class CompletionBody(OpenAIExtras, CreateCompletionRequest):
+    """``POST /v1/completions``: one prompt, a string or OpenAI's token array (a list of one
+    string is that string)."""
+
+    n: Optional[StrictInt] = 1
+    prompt: Union[StrictStr, List[StrictInt]] = ""
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and not (value and all(isinstance(t, int) and not isinstance(t, bool)
+                                                          for t in value)):
+            if len(value) > 1:
+                raise refusal(f"{len(value)} prompts in one request: send one prompt per request",
+                              code="unsupported_value")
+            return value[0] if value else ""
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _in_vocabulary(cls, value, info: ValidationInfo):
+        return _token_ids(value, "prompt", info) if isinstance(value, list) else value
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_choice(cls, value):
+        if value is not None and value != 1:
+            raise refusal(f"best_of={value!r} is not supported: this server returns one choice per request; "
+                          "send best_of=1 (or leave it out) and repeat the request for more",
+                          code="unsupported_value")
+        return value
+
+    @model_validator(mode="after")
+    def _not_empty(self):
+        if self.prompt == "":
+            raise refusal("the prompt is empty: send a non-empty 'prompt'", "prompt")
+        return self
+
+
+class ChatBody(OpenAIExtras, CreateChatCompletionRequest):
+    """``POST /v1/chat/completions``; ``max_completion_tokens`` is OpenAI's newer ``max_tokens``.
+    The messages are checked as llama-server checks them (the binding's message types refuse
+    OpenAI's developer role and an assistant's null content beside its tool calls), then read by
+    the chat layer (:mod:`.chat`) with ``response_format`` (OpenAI's json_schema form, which the
+    binding's type lacks, included) and llama-server's chat fields below, which it checks."""
+
+    n: Optional[StrictInt] = 1
+    messages: List[Any]
+    response_format: Any = None
+    max_completion_tokens: Optional[int] = None
+    #: given to llama.cpp's chat layer, as llama-server does
+    parallel_tool_calls: Any = None
+    reasoning_effort: Any = None
+    #: llama-server's: none, auto, deepseek, deepseek-legacy
+    reasoning_format: Any = None
+    #: llama-server's: the template's variables (``enable_thinking``, ...)
+    chat_template_kwargs: Any = None
+    json_schema: Any = None
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    #: llama-server's reasoning budget
+    reasoning_budget_tokens: Any = None
+    thinking_budget_tokens: Any = None
+    reasoning_budget_message: Any = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _messages(cls, value):
+        try:
+            return _chat.checked_messages(value)
+        except RequestError as e:  # the chat layer's words, as llama-server's
+            raise refusal(e.message, "messages", e.code or "invalid_value") from None
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _at_least_one_too(cls, value, info: ValidationInfo):
+        return cls._at_least_one(value, info)
+
+    @model_validator(mode="after")
+    def _one_limit(self):
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise refusal("max_tokens and max_completion_tokens differ: send one of them",
+                              "max_completion_tokens")
+            self.max_tokens = self.max_completion_tokens
+        return self
+
+
+class MessagesBody(BaseModel):
+    """The messages of a chat request whose other fields do not matter (a token count, a
+    rendered template), as :class:`ChatBody` takes them."""
+
+    messages: List[Any]
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _a_list(cls, value):
+        if not isinstance(value, list):
+            raise refusal("Expected 'messages' to be an array")
+        return value
+
+
+#: llama-server's ``/completion`` fields whose every other value is refused (a 400 naming it):
+#: what they turn on is not here
+OFF_ONLY = {"dynatemp_range": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_indent": 0,
+            "t_max_predict_ms": 0, "lora": [], "n_cmpl": 1, "n": 1}
+
+
+class LlamaCompletionBody(BaseModel):
+    """llama-server's ``POST /completion`` (:mod:`.llama_api`), but its ``prompt``, whose many
+    forms are read as llama-server reads them (``llama_api.prompts_of``). A field not declared
+    here is ignored, as llama-server ignores fields it does not know."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    temperature: Optional[StrictFloat] = None
+    top_k: Optional[StrictFloat] = None
+    top_p: Optional[StrictFloat] = None
+    min_p: Optional[StrictFloat] = None
+    typical_p: Optional[StrictFloat] = None
+    repeat_penalty: Optional[StrictFloat] = None
+    presence_penalty: Optional[StrictFloat] = None
+    frequency_penalty: Optional[StrictFloat] = None
+    mirostat: Optional[StrictFloat] = None
+    mirostat_tau: Optional[StrictFloat] = None
+    mirostat_eta: Optional[StrictFloat] = None
+    #: the tokens to generate (or ``max_tokens``); -1: up to the context; 0: the prompt is
+    #: tokenized, nothing is generated
+    n_predict: Optional[StrictInt] = None
+    max_tokens: Optional[StrictInt] = None
+    stop: Union[StrictStr, List[StrictStr], None] = None
+    seed: Optional[StrictInt] = None
+    stream: StrictBool = False
+    id_slot: Optional[StrictInt] = -1
+    cache_prompt: Optional[StrictBool] = None
+    grammar: Optional[StrictStr] = None
+    json_schema: Optional[Dict[str, Any]] = None
+    min_tokens: StrictInt = 0
+    n_probs: StrictInt = 0
+    logit_bias: Any = None  # its array and object forms, read with the vocabulary (llama_api)
+    ignore_eos: Optional[bool] = False
+    post_sampling_probs: Optional[bool] = False
+    return_tokens: Optional[bool] = False
+    return_progress: Optional[bool] = False
+    timings_per_token: Optional[bool] = False
+    response_fields: Optional[List[StrictStr]] = None
+
+    _slot = field_validator("id_slot")(_slot_in_range)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _off_only(cls, body):
+        for key, off in OFF_ONLY.items():
+            if isinstance(body, dict) and key in body and body[key] not in (off, None):
+                raise refusal(f"{key!r} is not implemented by this server; leave it out or at {off!r}", key,
+                              "unsupported_parameter")
+        return body
+
+    @field_validator("n_predict", "max_tokens")
+    @classmethod
+    def _n_predict(cls, value, info: ValidationInfo):
+        if value is not None and value < -1:
+            raise refusal(f"invalid {info.field_name!r}: {value!r}; an integer, -1 (up to the context) or more")
+        return value
+
+    @field_validator("min_tokens", "n_probs")
+    @classmethod
+    def _not_negative(cls, value, info: ValidationInfo):
+        if value < 0:
+            raise refusal(f"invalid {info.field_name!r}: {value}; an integer >= 0 is expected")
+        return value
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        if self.grammar is not None and self.json_schema is not None:
+            raise refusal("both 'grammar' and 'json_schema' given: send one", "grammar")
+        return self
 
 
 def _logit_bias(model: ModelAccess, req, kind: str) -> Optional[Dict[int, float]]:
@@ -394,15 +599,15 @@ def _logit_bias(model: ModelAccess, req, kind: str) -> Optional[Dict[int, float]
 
 def _defaults(model: ModelAccess, body: dict, max_key: str) -> dict:
     """The server's --temp, -n and -s where the request does not say (llama-server's: a request
-    without a seed samples with the server's), and llama-server's repeat penalty, 1.0 (none), where
-    the binding's request types would put their 1.1."""
+    without a seed samples with the server's; its ``n_predict`` says how many tokens), and
+    llama-server's repeat penalty, 1.0 (none), where the binding's request types would put their 1.1."""
     if body.get("repeat_penalty") is None:
         body = dict(body, repeat_penalty=1.0)
     if model.temperature is not None and body.get("temperature") is None:
         body = dict(body, temperature=model.temperature)
     if model.seed != -1 and body.get("seed") is None:
         body = dict(body, seed=model.seed)
-    if model.n_predict is not None and body.get(max_key) is None and body.get("max_completion_tokens") is None:
+    if model.n_predict is not None and all(body.get(k) is None for k in (max_key, "max_completion_tokens", "n_predict")):
         body = dict(body, **{max_key: model.n_predict if model.n_predict > 0 else None})
     return body
 
@@ -420,44 +625,13 @@ def _info(kwargs: dict, stream: bool) -> dict:
 
 
 def completion(body: dict, model: ModelAccess) -> Plan:
-    """``POST /v1/completions``. Any model name is served (there is one model)."""
-    completion_type, _ = _request_types()
-    check_known(body, set(completion_type.model_fields) | OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED)
-    include_usage = _stream_options(body)
-    reuse = cache_prompt(body, model)
-    flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
-    body = _n_predict(body)
-    body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED}
-    check_max_tokens(body, "max_tokens")
-    n_choices = choices_wanted(body)
-    check_one_choice(body, "best_of")
-    body = _defaults(model, body, "max_tokens")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        token_prompt = model.check_tokens(prompt, "prompt")  # OpenAI's token-array prompt
-        body = dict(body, prompt="tokens")
-    else:
-        token_prompt = None
-        if isinstance(prompt, list):
-            if len(prompt) > 1:
-                raise RequestError(400, f"{len(prompt)} prompts in one request: send one prompt per request",
-                                   param="prompt", code="unsupported_value")
-            prompt = prompt[0] if prompt else ""
-            body = dict(body, prompt=prompt)
-        if prompt is None or prompt == "":
-            raise RequestError(400, "the prompt is empty: send a non-empty 'prompt'", param="prompt",
-                               code="invalid_value")
-    req = validate(completion_type, body)
-    kwargs = req.model_dump(exclude=_NOT_KWARGS)
+    """``POST /v1/completions`` (:class:`CompletionBody`). Any model name is served (there is one model)."""
+    req = validated(CompletionBody, _defaults(model, body, "max_tokens"), model)
+    kwargs = req.kwargs()
     kwargs["echo"] = bool(kwargs.get("echo"))
     plan = _plan("completion", req, kwargs, "prompt", model)
-    plan.n_choices = n_choices
-    llama_server_fields(flags, plan, model)
-    plan.cache_prompt = reuse
-    plan.include_usage = include_usage
-    if token_prompt is not None:
-        kwargs["prompt"] = token_prompt
-        plan.n_prompt = len(token_prompt)
+    if isinstance(req.prompt, list):  # OpenAI's token-array prompt
+        plan.n_prompt = len(req.prompt)
     else:  # as the binding will ask for it: no BOS (it adds its own), special tokens parsed without a suffix
         n = len(model.tokenize(req.prompt, add_bos=False, special=req.suffix is None, tokens=plan.tokens))
         plan.n_prompt = n + model.n_specials
@@ -467,45 +641,17 @@ def completion(body: dict, model: ModelAccess) -> Plan:
 
 
 def chat(body: dict, model: ModelAccess) -> Plan:
-    """``POST /v1/chat/completions``; ``max_completion_tokens`` is OpenAI's newer ``max_tokens``.
-    The chat fields go to llama.cpp's chat layer (:mod:`.chat`), applied here: its prompt is
-    tokenized here, and the request carries what the model's thread runs."""
-    _, chat_type = _request_types()
-    check_known(body, set(chat_type.model_fields) | {"max_completion_tokens"} | OPENAI_ACCEPTED
-                | LLAMA_SERVER_ACCEPTED | LLAMA_SERVER_CHAT)
-    include_usage = _stream_options(body)
-    reuse = cache_prompt(body, model)
-    flags = {k: body[k] for k in _PLAN_FLAGS if k in body}
-    body = _n_predict(body)
-    chat_body = body
-    body = {k: v for k, v in body.items() if k not in OPENAI_ACCEPTED | LLAMA_SERVER_ACCEPTED | LLAMA_SERVER_CHAT}
-    check_max_tokens(body, "max_tokens")
-    check_max_tokens(body, "max_completion_tokens")
-    if body.get("max_completion_tokens") is not None:
-        if body.get("max_tokens") is not None and body["max_tokens"] != body["max_completion_tokens"]:
-            raise RequestError(400, "max_tokens and max_completion_tokens differ: send one of them",
-                               param="max_completion_tokens", code="invalid_value")
-        body = dict(body, max_tokens=body["max_completion_tokens"])
-    n_choices = choices_wanted(body)
-    check_messages(body)
-    body = _defaults(model, body, "max_tokens")
-    # the binding's types check the other fields' types; the messages are checked as llama-server
-    # checks them (the binding's message types refuse OpenAI's developer role and an assistant's
-    # null content beside its tool calls), then read by the chat layer; response_format is the
-    # chat layer's to read (OpenAI's json_schema form, which the binding's type lacks, included)
-    _chat.checked_messages(body["messages"])
-    req = validate(chat_type, dict(body, response_format=None, messages=[]))
-    chat_req = _chat.request_of(chat_body, model)
-    kwargs = req.model_dump(exclude=_NOT_KWARGS | set(_chat.CHAT_FIELDS) | {"messages", "functions", "function_call"})
+    """``POST /v1/chat/completions`` (:class:`ChatBody`). The chat fields go to llama.cpp's chat
+    layer (:mod:`.chat`), applied here: its prompt is tokenized here, and the request carries what
+    the model's thread runs."""
+    req = validated(ChatBody, _defaults(model, body, "max_tokens"), model)
+    chat_req = _chat.request_of(body, model)
+    kwargs = req.kwargs(exclude=set(_chat.CHAT_FIELDS) | {"messages", "functions", "function_call"})
     plan = _plan("chat", req, kwargs, "messages", model)
     kwargs.pop("grammar", None)  # the request carries it (a grammar beside tools is refused there)
     kwargs["request"] = chat_req
-    plan.n_choices = n_choices
-    llama_server_fields(flags, plan, model)
-    plan.include_usage = include_usage
-    plan.cache_prompt = reuse
     if chat_req.params.grammar:
-        plan.grammar_param = "tools" if chat_body.get("tools") else "response_format"
+        plan.grammar_param = "tools" if body.get("tools") else "response_format"
     ids = model.tokenize(chat_req.params.prompt, add_bos=False, special=True, tokens=plan.tokens)
     plan.n_prompt = len(ids) + model.n_specials
     if plan.verbose:  # llama-server's __verbose shows the prompt's tokens as they run, BOS included
@@ -518,34 +664,27 @@ def chat(body: dict, model: ModelAccess) -> Plan:
     return plan
 
 
-def check_messages(body: dict) -> None:
-    """A chat's ``messages``: a list, as llama-server takes it (an empty one too: the template
-    renders what it renders, its generation prompt at least)."""
-    if "messages" not in body:
-        raise RequestError(400, "'messages' is required", param="messages", code="invalid_value")
-    if not isinstance(body["messages"], list):
-        raise RequestError(400, "Expected 'messages' to be an array", param="messages", code="invalid_value")
-
-
 def chat_input_tokens(body: dict, model: ModelAccess) -> dict:
     """``POST /v1/chat/completions/input_tokens`` (llama-server's token count): the tokens the
     prompt of a chat request with these ``messages`` (and ``tools``) has, as it would run;
     nothing is generated and no other field is needed."""
-    check_messages(body)
+    validated(MessagesBody, body)
     fields = {k: body[k] for k in ("messages", "tools", "tool_choice") if k in body}
     prompt = _chat.request_of(fields, model).params.prompt
     return {"input_tokens": len(model.tokenize(prompt, add_bos=False, special=True, tokens={})) + model.n_specials}
 
 
-def _plan(kind: str, req, kwargs: dict, prompt_param: str, model: ModelAccess) -> Plan:
+def _plan(kind: str, req: OpenAIExtras, kwargs: dict, prompt_param: str, model: ModelAccess) -> Plan:
     kwargs["model"] = model.alias  # the response names the model as /v1/models does
     grammar_param = None
     if req.grammar is not None:
         model.check_grammar(req.grammar, "grammar")
-        from ..native.binding import llama_cpp
-
         kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(req.grammar, verbose=False)
         grammar_param = "grammar"
     return Plan(kind=kind, kwargs=kwargs, stream=bool(req.stream), prompt_param=prompt_param,
                 grammar_param=grammar_param, logit_bias=_logit_bias(model, req, kind), min_tokens=req.min_tokens,
-                info=_info(kwargs, bool(req.stream)))
+                info=_info(kwargs, bool(req.stream)), include_usage=req.include_usage, n_choices=req.n,
+                id_slot=req.id_slot if req.id_slot is not None and req.id_slot >= 0 else None,
+                cache_prompt=model.cache_prompt if req.cache_prompt is None else req.cache_prompt,
+                timings_per_token=req.timings_per_token, return_progress=req.return_progress,
+                verbose=req.verbose or model.verbose)
