@@ -128,3 +128,42 @@ def test_only_the_llama_calls_keywords_reach_them():
     taken = set(inspect.signature(Llama.create_chat_completion).parameters)
     assert set(kwargs) <= taken, set(kwargs) - taken
     assert (chat.id_slot, chat.cache_prompt, chat.include_usage, chat.max_tokens) == (1, False, True, 3)
+
+
+MESSAGES = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"max_tokens": 4}, "messages", "'messages' is required"),
+    ({"messages": "hello"}, "messages", "a list is expected"),
+    ({"messages": MESSAGES, "max_tokens": 0}, "max_tokens", "an integer >= 1"),
+    ({"messages": MESSAGES, "frobnicate": 1}, "frobnicate", "unsupported parameter: 'frobnicate'"),
+    ({"messages": MESSAGES, "output_config": "high"}, "output_config", "should be an object"),
+    ({"messages": MESSAGES, "output_config": {"format": {"type": "xml"}}}, "output_config", "'json_schema'"),
+    ({"messages": MESSAGES, "tools": [{"description": "x"}]}, "tools", "'tools[0].name' is required"),
+    ({"messages": MESSAGES, "tools": [{"name": "f"}], "tool_choice": {"type": "tool"}}, "tool_choice",
+     "needs the tool's 'name'"),
+    ({"messages": MESSAGES, "stop_sequences": "a"}, "stop_sequences", "valid list"),
+])
+def test_anthropics_fields_are_refused_by_name(body, param, words):
+    from llama_metaws.server.anthropic_api import to_chat
+
+    with pytest.raises(RequestError) as exc:
+        to_chat(body)
+    assert exc.value.param == param and words in exc.value.message, exc.value.message
+    assert exc.value.body(ANTHROPIC)["error"]["type"] == "invalid_request_error"
+
+
+def test_anthropics_request_becomes_the_chat_request():
+    from llama_metaws.server.anthropic_api import to_chat
+
+    chat = to_chat({"messages": MESSAGES, "stream": True, "thinking": {"type": "enabled", "budget_tokens": 5},
+                    "tools": [{"name": "f", "input_schema": {"type": "object"}}, {"name": "w", "type": "web_search"}],
+                    "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": True},
+                    "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}, "effort": "low"}})
+    assert chat["max_tokens"] == 4096 and chat["stream_options"] == {"include_usage": True}
+    assert chat["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert chat["parallel_tool_calls"] is False and chat["reasoning_effort"] == "low"
+    assert chat["response_format"]["json_schema"]["schema"] == {"type": "object"}
+    assert chat["chat_template_kwargs"] == {"enable_thinking": True} and chat["thinking_budget_tokens"] == 5

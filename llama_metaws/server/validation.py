@@ -272,14 +272,15 @@ def request_error(error: ValidationError) -> RequestError:
         return RequestError(400, f"unsupported parameter: {unknown[0]!r} (this server does not implement it){also}",
                             param=unknown[0], code="unsupported_parameter")
     first = errors[0]
-    loc = ".".join(str(x) for x in first["loc"])
+    loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in first["loc"]).lstrip(".")  # tools[0].name
     param = (first.get("ctx") or {}).get("param") or (str(first["loc"][0]) if first["loc"] else None)
     if first["type"] in _OUR_CODES:
         return RequestError(400, first["msg"], param=param, code=first["type"])
     if first["type"] == "missing":
         return RequestError(400, f"{loc!r} is required", param=param, code="invalid_value")
-    return RequestError(400, f"invalid {loc!r}: {first['msg']}" if loc else first["msg"], param=param,
-                        code="invalid_value")
+    # a nested model's refusal names the object as JSON does, not our class
+    msg = "Input should be an object" if first["type"] in ("model_type", "model_attributes_type") else first["msg"]
+    return RequestError(400, f"invalid {loc!r}: {msg}" if loc else msg, param=param, code="invalid_value")
 
 
 def validated(model_type, body: dict, model: Optional["ModelAccess"] = None):
