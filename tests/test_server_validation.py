@@ -167,3 +167,35 @@ def test_anthropics_request_becomes_the_chat_request():
     assert chat["parallel_tool_calls"] is False and chat["reasoning_effort"] == "low"
     assert chat["response_format"]["json_schema"]["schema"] == {"type": "object"}
     assert chat["chat_template_kwargs"] == {"enable_thinking": True} and chat["thinking_budget_tokens"] == 5
+
+
+@pytest.mark.parametrize("body, param, code, words", [
+    ({}, "input", "invalid_value", "'input' is required"),
+    ({"input": []}, "input", "invalid_value", "non-empty list"),
+    ({"input": "x", "conversation": "c1"}, "conversation", "unsupported_parameter", "stores no responses"),
+    ({"input": "x", "tool_choice": 5}, "tool_choice", "invalid_value", "must be auto, none, required"),
+    ({"input": "x", "tool_choice": "required"}, "tool_choice", "invalid_value", "no function tools"),
+    ({"input": "x", "instructions": 3}, "instructions", "invalid_value", "valid string"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "invalid_value", "at least 1"),
+    ({"input": "x", "text": {"format": {"type": "xml"}}}, "text", "invalid_value", "'text.format.type'"),
+])
+def test_responses_fields_are_refused_by_name(body, param, code, words):
+    from llama_metaws.server.responses_api import to_chat
+
+    with pytest.raises(RequestError) as exc:
+        to_chat(body)
+    assert (exc.value.param, exc.value.code) == (param, code) and words in exc.value.message, exc.value.message
+
+
+def test_a_responses_request_becomes_the_chat_request():
+    from llama_metaws.server.responses_api import to_chat
+
+    chat = to_chat({"input": "x", "instructions": "be brief", "store": False, "chat_template_kwargs": {"a": 1},
+                    "tools": [{"type": "function", "name": "f"}, {"type": "web_search"}],
+                    "tool_choice": {"type": "function", "name": "f"}, "max_output_tokens": 9,
+                    "text": {"format": {"type": "json_schema", "schema": {"type": "object"}, "strict": True}}})
+    assert chat["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "x"}]
+    assert [t["function"]["name"] for t in chat["tools"]] == ["f"] and chat["max_tokens"] == 9
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert chat["response_format"]["json_schema"] == {"name": "response", "schema": {"type": "object"}, "strict": True}
+    assert chat["chat_template_kwargs"] == {"a": 1} and "store" not in chat
