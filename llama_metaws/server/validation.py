@@ -31,7 +31,7 @@ from pydantic import (BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt,
                       ValidationInfo, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
-from ..native.binding import llama_cpp  # noqa: F401  (the build check, before the binding's types)
+from ..native.binding import llama_cpp  # first: the build check, which the binding's types need
 from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest  # noqa: E402
 
 from . import chat as _chat
@@ -310,17 +310,18 @@ def _token_ids(ids: List[int], param: str, info: ValidationInfo) -> List[int]:
     return ids
 
 
-def _n_predict_range(value: Optional[int]) -> Optional[int]:
+def _n_predict_range(value: Optional[int], info: ValidationInfo) -> Optional[int]:
+    """llama-server's token budget: -1 (up to the context) or more."""
     if value is not None and value < -1:
-        raise refusal(f"invalid 'n_predict': {value!r}; an integer, -1 (up to the context) or more")
+        raise refusal(f"invalid {info.field_name!r}: {value!r}; an integer, -1 (up to the context) or more")
     return value
 
 
 class LlamaServerFields(BaseModel):
     """llama-server's own fields its OpenAI routes take too."""
 
-    #: true (the server's default, ``--cache-prompt``): reuse the prefix of the prompt a slot
-    #: holds; false: evaluate the whole prompt; absent or null: the server's
+    #: true: reuse the prefix of the prompt a slot holds; false: evaluate the whole prompt; absent
+    #: or null: the server's default (``--cache-prompt``, true, or ``--no-cache-prompt``)
     cache_prompt: Optional[StrictBool] = None
     #: each streamed chunk carries the ``timings`` so far
     timings_per_token: StrictBool = False
@@ -357,7 +358,7 @@ class OpenAIExtras(LlamaServerFields):
             raise refusal("invalid 'stream_options': an object such as {\"include_usage\": true} is expected")
         return value
 
-    @field_validator("max_tokens", check_fields=False)
+    @field_validator("max_tokens", "max_completion_tokens", check_fields=False)
     @classmethod
     def _at_least_one(cls, value, info: ValidationInfo):
         if value is not None and value < 1:
@@ -467,13 +468,8 @@ class ChatBody(OpenAIExtras, CreateChatCompletionRequest):
     def _messages(cls, value):
         try:
             return _chat.checked_messages(value)
-        except RequestError as e:  # the chat layer's words, as llama-server's
+        except RequestError as e:  # in llama-server's words (chat.checked_messages)
             raise refusal(e.message, "messages", e.code or "invalid_value") from None
-
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _at_least_one_too(cls, value, info: ValidationInfo):
-        return cls._at_least_one(value, info)
 
     @model_validator(mode="after")
     def _one_limit(self):
@@ -545,6 +541,7 @@ class LlamaCompletionBody(BaseModel):
     response_fields: Optional[List[StrictStr]] = None
 
     _slot = field_validator("id_slot")(_slot_in_range)
+    _n_predict = field_validator("n_predict", "max_tokens")(_n_predict_range)
 
     @model_validator(mode="before")
     @classmethod
@@ -554,13 +551,6 @@ class LlamaCompletionBody(BaseModel):
                 raise refusal(f"{key!r} is not implemented by this server; leave it out or at {off!r}", key,
                               "unsupported_parameter")
         return body
-
-    @field_validator("n_predict", "max_tokens")
-    @classmethod
-    def _n_predict(cls, value, info: ValidationInfo):
-        if value is not None and value < -1:
-            raise refusal(f"invalid {info.field_name!r}: {value!r}; an integer, -1 (up to the context) or more")
-        return value
 
     @field_validator("min_tokens", "n_probs")
     @classmethod
