@@ -371,14 +371,20 @@ class OpenAIExtras(LlamaServerFields):
         """OpenAI's ``n``: how many choices to generate (1 when absent or null)."""
         if value is None:
             return 1
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
+        if not 1 <= value <= MAX_CHOICES:
             raise refusal(f"invalid 'n': {value!r}; it must be an integer from 1 to {MAX_CHOICES}")
         return value
 
     @model_validator(mode="after")
-    def _with_stream(self):
+    def _stream_options_with_stream(self):
         if self.stream_options is not None and not self.stream:
             raise refusal("'stream_options' is only allowed with 'stream': true", "stream_options")
+        return self
+
+    @model_validator(mode="after")
+    def _n_predict_as_max_tokens(self):
+        """llama-server's ``n_predict`` where ``max_tokens`` is absent; -1 or 0: no limit but the
+        context's."""
         if self.n_predict is not None and (self.max_tokens is None or "max_tokens" not in self.model_fields_set):
             self.max_tokens = self.n_predict if self.n_predict > 0 else None
         return self
