@@ -190,7 +190,7 @@ def app_client(plain_model):
 
     from llama_metaws.api.chat_layer import ChatTemplates
     from llama_metaws.server.app import create_app
-    from llama_metaws.server.requests import ModelAccess
+    from llama_metaws.server.validation import ModelAccess
     from llama_metaws.server.worker import ModelWorker, ServedLlama
 
     llm = ServedLlama(str(plain_model), n_ctx=512, verbose=False)

@@ -107,7 +107,7 @@ def test_a_model_without_fim_tokens_gets_a_400_that_says_so(plain_server):
 
 def test_spm_infill_puts_the_suffix_first(fim_model):
     from llama_metaws.server.infill import FimTokens, layout
-    from llama_metaws.server.requests import ModelAccess
+    from llama_metaws.server.validation import ModelAccess
     from llama_metaws.server.worker import ServedLlama
 
     with ServedLlama(str(fim_model), n_ctx=256, n_batch=N_BATCH, verbose=False) as llm:

@@ -5,7 +5,7 @@ llama-cpp-python's request types and ``Llama.create_completion`` / ``create_chat
 (stop strings, seeds, logprobs, grammars; chats through llama.cpp's own chat layer,
 :mod:`llama_metaws.api.chat_layer`) do the work; the serving around them is ours. :mod:`.app` puts
 the route groups (:mod:`.routes`) on a :class:`.serving.Serving`; the request layer
-(:mod:`.requests`, :mod:`.openai_api`, :mod:`.responses_api`, :mod:`.anthropic_api`,
+(:mod:`.validation`, :mod:`.openai_api`, :mod:`.responses_api`, :mod:`.anthropic_api`,
 :mod:`.llama_api`, :mod:`.infill`, :mod:`.chat`) checks, tokenizes and shapes, off the model's
 thread, and talks to the model only through ``Llama``'s public calls and to the worker
 (:mod:`.worker`) through a small interface (its module docstring). The worker runs ``-np``
@@ -76,7 +76,7 @@ def serve(args: argparse.Namespace) -> int:
         from .app import create_app
         from ..api.chat_layer import ChatTemplates
         from .openai_api import system_fingerprint
-        from .requests import ModelAccess
+        from .validation import ModelAccess
         from .worker import ModelWorker, ServedLlama
     except ImportError as e:
         from ..errors import NativeBuildMissing

@@ -19,7 +19,9 @@ the reasoning budget, as llama-server maps it; ``"disabled"``: no thinking), ``m
 ``output_config`` (``format``: a JSON schema the answer's text follows, through the chat layer's
 grammar; ``effort``: the chat's ``reasoning_effort``), Anthropic's ``cache_control``,
 ``inference_geo``, ``speed`` and ``diagnostics`` (accepted without effect), and llama-server's own
-``chat_template_kwargs``, ``logit_bias`` and ``cache_prompt``.
+``chat_template_kwargs``, ``logit_bias`` and ``cache_prompt``. The fields are checked by
+:class:`AnthropicBody` (a field it does not declare is a 400 naming it), the chat request they
+become by the chat route's :class:`~.validation.ChatBody`.
 Errors are in Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``.
 
 Answer: ``content`` holds a ``thinking`` block (the chat's ``reasoning_content``, an empty
@@ -38,17 +40,102 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
 from .errors import ANTHROPIC, RequestError
+from .validation import refusal, validated
 
 DEFAULT_MAX_TOKENS = 4096  # llama-server's, for a request without max_tokens
-_KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-          "tools", "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers",
-          "context_management", "output_config", "cache_control", "inference_geo", "speed", "diagnostics"} | \
-    {"chat_template_kwargs", "logit_bias", "cache_prompt"}
 #: llama-server's own fields, passed to the chat request as they are (not Anthropic's)
 LLAMA_SERVER_FIELDS = ("logit_bias", "cache_prompt")
+
+
+class Tool(BaseModel):
+    """A tool: a custom one (``type`` absent or ``custom``) becomes a chat function; Anthropic's
+    server tools (web search, bash, ...) are accepted, and nothing here serves them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: StrictStr
+    type: Optional[str] = None
+    description: Any = None
+    input_schema: Optional[Dict[str, Any]] = None
+
+
+class ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: Optional[StrictStr] = None
+    disable_parallel_tool_use: Optional[bool] = None
+
+    @model_validator(mode="after")
+    def _named(self):
+        if self.type == "tool" and self.name is None:
+            raise refusal("invalid 'tool_choice': a tool choice of type tool needs the tool's 'name'", "tool_choice")
+        return self
+
+
+class OutputFormat(BaseModel):
+    type: Literal["json_schema"]
+    schema_: Dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    format: Optional[OutputFormat] = None
+    effort: Optional[StrictStr] = None
+
+
+class AnthropicBody(BaseModel):
+    """``POST /v1/messages`` (the module docstring says what each field does)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Any = None
+    messages: List[Any]
+    system: Any = None  # a string or text blocks (_text_blocks)
+    max_tokens: StrictInt = DEFAULT_MAX_TOKENS
+    stop_sequences: Optional[List[StrictStr]] = None
+    temperature: Any = None  # these four as the chat route checks them
+    top_p: Any = None
+    top_k: Any = None
+    stream: Any = None
+    tools: Optional[List[Tool]] = None
+    tool_choice: Optional[ToolChoice] = None
+    thinking: Any = None
+    output_config: Optional[OutputConfig] = None
+    # accepted without effect
+    metadata: Any = None
+    service_tier: Any = None
+    container: Any = None
+    mcp_servers: Any = None
+    context_management: Any = None
+    cache_control: Any = None
+    inference_geo: Any = None
+    speed: Any = None
+    diagnostics: Any = None
+    # llama-server's own
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
+    logit_bias: Any = None
+    cache_prompt: Any = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _a_list(cls, value):
+        if not isinstance(value, list):  # llama-server reads it as no messages
+            raise refusal("invalid 'messages': a list is expected")
+        return value
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _at_least_one(cls, value):
+        if value < 1:
+            raise refusal(f"invalid 'max_tokens': {value}; an integer >= 1 is expected")
+        return value
 
 
 def _bad(message: str, param: Optional[str] = None) -> RequestError:
@@ -128,92 +215,61 @@ def _message(msg: dict, i: int) -> List[dict]:
 
 def to_chat(body: dict) -> dict:
     """The chat completion request that serves an Anthropic request (a 400 for what cannot)."""
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise _bad(f"{unknown[0]}: Extra inputs are not permitted", unknown[0])
-    messages = body.get("messages")
-    if messages is None:
-        raise _bad("'messages' is required", "messages")
-    if not isinstance(messages, list):  # llama-server reads it as no messages
-        raise _bad("messages: a list is expected", "messages")
+    req = validated(AnthropicBody, body)
     chat: Dict = {"messages": []}
-    if body.get("system") is not None:
-        chat["messages"].append({"role": "system", "content": _text_blocks(body["system"], "system")})
-    for i, msg in enumerate(messages):
+    if req.system is not None:
+        chat["messages"].append({"role": "system", "content": _text_blocks(req.system, "system")})
+    for i, msg in enumerate(req.messages):
         chat["messages"] += _message(msg, i)
-    max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise _bad("max_tokens: an integer >= 1 is expected", "max_tokens")
-    chat["max_tokens"] = max_tokens
+    chat["max_tokens"] = req.max_tokens
     for key in ("model", "temperature", "top_p", "top_k", "stream") + LLAMA_SERVER_FIELDS:
-        if body.get(key) is not None:
-            chat[key] = body[key]
-    if body.get("stop_sequences") is not None:
-        stops = body["stop_sequences"]
-        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-            raise _bad("stop_sequences: a list of strings is expected", "stop_sequences")
-        chat["stop"] = stops
-    tools = body.get("tools")
-    if tools:
-        if not isinstance(tools, list):
-            raise _bad("tools: a list is expected", "tools")
+        if getattr(req, key) is not None:
+            chat[key] = getattr(req, key)
+    if req.stop_sequences is not None:
+        chat["stop"] = req.stop_sequences
+    if req.tools:
         chat["tools"] = []
-        for i, tool in enumerate(tools):
-            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-                raise _bad(f"tools[{i}]: a tool needs a 'name'", "tools")
-            if tool.get("type") not in (None, "custom"):
+        for tool in req.tools:
+            if tool.type not in (None, "custom"):
                 continue  # Anthropic's server tools (web search, bash, ...): nothing here serves them
-            fn = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object", "properties": {}}}
-            if tool.get("description") is not None:
-                fn["description"] = tool["description"]
+            fn = {"name": tool.name, "parameters": tool.input_schema or {"type": "object", "properties": {}}}
+            if tool.description is not None:
+                fn["description"] = tool.description
             chat["tools"].append({"type": "function", "function": fn})
-        choice = body.get("tool_choice")
-        if isinstance(choice, dict):
-            kind = choice.get("type")
-            if kind == "any":
+        choice = req.tool_choice
+        if choice is not None:
+            if choice.type == "any":
                 chat["tool_choice"] = "required"
-            elif kind == "tool" and isinstance(choice.get("name"), str):
-                chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-            elif kind in ("auto", "none"):
-                chat["tool_choice"] = kind
+            elif choice.type == "tool":
+                chat["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
             else:
-                raise _bad("tool_choice: auto, any, tool (with a name) or none", "tool_choice")
-            if choice.get("disable_parallel_tool_use"):
+                chat["tool_choice"] = choice.type
+            if choice.disable_parallel_tool_use:
                 chat["parallel_tool_calls"] = False
-    kwargs = dict(body.get("chat_template_kwargs") or {})  # llama-server's, passed through
-    thinking = body.get("thinking")
+    kwargs = dict(req.chat_template_kwargs or {})  # llama-server's, passed through
+    thinking = req.thinking
     if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled"):
         kwargs.setdefault("enable_thinking", thinking["type"] == "enabled")
         if thinking["type"] == "enabled" and isinstance(thinking.get("budget_tokens"), int):
             chat["thinking_budget_tokens"] = thinking["budget_tokens"]  # as llama-server maps it
     if kwargs:
         chat["chat_template_kwargs"] = kwargs
-    chat.update(_output_config(body.get("output_config")))
+    chat.update(_output_config(req.output_config))
     if chat.get("stream"):
         chat["stream_options"] = {"include_usage": True}
     return chat
 
 
-def _output_config(config) -> dict:
+def _output_config(config: Optional[OutputConfig]) -> dict:
     """Anthropic's ``output_config`` as chat fields: ``format`` (``{"type": "json_schema", "schema":
     ...}``, structured output) the chat layer's JSON schema grammar, ``effort`` OpenAI's
     ``reasoning_effort`` (the template's ``reasoning_effort``, as llama-server passes it on)."""
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise _bad("output_config: an object is expected", "output_config")
     out: Dict = {}
-    fmt = config.get("format")
-    if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-            raise _bad("output_config.format: {\"type\": \"json_schema\", \"schema\": {...}} is expected",
-                       "output_config")
-        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
-    effort = config.get("effort")
-    if effort is not None:
-        if not isinstance(effort, str):
-            raise _bad("output_config.effort: a string is expected", "output_config")
-        out["reasoning_effort"] = effort
+    if config is not None and config.format is not None:
+        out["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "output", "schema": config.format.schema_}}
+    if config is not None and config.effort is not None:
+        out["reasoning_effort"] = config.effort
     return out
 
 

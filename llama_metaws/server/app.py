@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import Match
 
-from . import requests as _requests
+from . import validation as _validation
 from .errors import OPENAI, RequestError
 from .routes import GROUPS
 from .serving import DEFAULT_MAX_BODY_SIZE, JSON, Serving
@@ -103,7 +103,7 @@ def _dialects(groups_routes):
     return dialect_of
 
 
-def create_app(worker: ModelWorker, model: "_requests.ModelAccess", *, api_key: Optional[str] = None,
+def create_app(worker: ModelWorker, model: "_validation.ModelAccess", *, api_key: Optional[str] = None,
                metrics: bool = False, slots: bool = True, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
                model_path: str = "", build_info: str = "", slot_save_path: Optional[str] = None,
                cors: Optional[dict] = None, ui: bool = True) -> Starlette:

@@ -24,7 +24,7 @@ from typing import List, Optional
 from ..native.binding import llama_cpp
 from . import llama_api
 from .errors import RequestError
-from .requests import ModelAccess
+from .validation import ModelAccess
 
 _SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's separator of extra chunks without FIM_SEP
 

@@ -20,8 +20,9 @@ temperature), ``id_slot`` (-1: any slot; else the slot to run on), ``cache_promp
 (true, the default: reuse the prefix of the prompt the slot holds), ``return_tokens``, ``return_progress`` (a
 stream's ``prompt_progress`` events: one once the prompt is on a slot, one after each batch of it),
 ``timings_per_token``, ``response_fields``.
-Accepted and without effect here: :data:`IGNORED`. Refused unless at their "off" value:
-:data:`OFF_ONLY`. Any other field is ignored, as llama-server ignores fields it does not know.
+Their types are checked by :class:`~.validation.LlamaCompletionBody`. Accepted and without effect
+here: :data:`IGNORED`. Refused unless at their "off" value: :data:`~.validation.OFF_ONLY`. Any
+other field is ignored, as llama-server ignores fields it does not know.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 from .errors import LLAMA, RequestError
-from .requests import ModelAccess, Plan, cache_prompt, check_messages
+from .validation import LlamaCompletionBody, MessagesBody, ModelAccess, Plan, validated
 
 #: llama-server's fields that change nothing here: the sampler chain is the binding's own order,
 #: the others shape what this server does not do
@@ -37,10 +38,6 @@ IGNORED = ("samplers", "n_keep", "n_discard", "n_cache_reuse", "min_keep", "dyna
            "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "xtc_threshold",
            "repeat_last_n", "sse_ping_interval", "top_n_sigma", "message_delimiters",
            "model")
-
-#: fields whose every other value is refused (a 400 naming it): what they turn on is not here
-OFF_ONLY = {"dynatemp_range": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "n_indent": 0,
-            "t_max_predict_ms": 0, "lora": [], "n_cmpl": 1, "n": 1}
 
 _NUMBERS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
             "typical_p": "typical_p", "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
@@ -133,21 +130,19 @@ class Options:
     """What shapes a /completion answer besides the model's output (``index``: its prompt's place
     in the request's list of prompts)."""
 
-    def __init__(self, body: dict, n_prompt: int, prompt_text: str, settings: dict, index: int = 0):
+    def __init__(self, req: LlamaCompletionBody, n_prompt: int, prompt_text: str, settings: dict, index: int = 0):
         self.index = index
-        self.return_tokens = bool(body.get("return_tokens"))
-        self.return_progress = bool(body.get("return_progress"))
-        self.timings_per_token = bool(body.get("timings_per_token"))
-        self.response_fields = body.get("response_fields") or []
-        if not isinstance(self.response_fields, list) or not all(isinstance(f, str) for f in self.response_fields):
-            raise _bad("response_fields", "a list of field names is expected")
+        self.return_tokens = bool(req.return_tokens)
+        self.return_progress = bool(req.return_progress)
+        self.timings_per_token = bool(req.timings_per_token)
+        self.response_fields = req.response_fields or []
         self.n_predict_zero = False
         self.n_prompt = n_prompt
         self.prompt_text = prompt_text
         self.settings = settings
         self.stop = settings.get("stop") or []
         self.n_probs = settings.get("n_probs", 0)
-        self.post_sampling_probs = bool(body.get("post_sampling_probs"))
+        self.post_sampling_probs = bool(req.post_sampling_probs)
 
 
 def _slot(job) -> int:
@@ -168,49 +163,32 @@ def completion(body: dict, model: ModelAccess) -> List[Tuple[Plan, Options]]:
     if "prompt" not in body:
         raise RequestError(400, "'prompt' is required", param="prompt", code="invalid_value")
     prompts = prompts_of(body["prompt"])
+    req = validated(LlamaCompletionBody, body, model)
     param = (lambda i: "prompt") if len(prompts) == 1 else (lambda i: f"prompt[{i}]")
-    return [_completion(body, model, p, param(i), i) for i, p in enumerate(prompts)]
+    return [_completion(req, model, p, param(i), i) for i, p in enumerate(prompts)]
 
 
-def _completion(body: dict, model: ModelAccess, prompt, param: str, index: int) -> Tuple[Plan, Options]:
-    for key, off in OFF_ONLY.items():
-        if key in body and body[key] not in (off, None):
-            raise RequestError(400, f"{key!r} is not implemented by this server; leave it out or at {off!r}",
-                               param=key, code="unsupported_parameter")
-    slot = body.get("id_slot", -1)
-    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or not -1 <= slot < model.n_slots):
-        raise _bad("id_slot", f"{slot!r}: this server has slots 0 to {model.n_slots - 1} (or -1: any)")
+def _completion(req: LlamaCompletionBody, model: ModelAccess, prompt, param: str,
+                index: int) -> Tuple[Plan, Options]:
     kwargs = dict(_DEFAULTS)
     if model.temperature is not None:
         kwargs["temperature"] = model.temperature
     for field, kw in _NUMBERS.items():
-        value = body.get(field)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _bad(field, "a number is expected")
-        kwargs[kw] = int(value) if kw in ("top_k", "mirostat_mode") else float(value)
-    n_predict = body.get("n_predict", body.get("max_tokens"))
+        value = getattr(req, field)
+        if value is not None:
+            kwargs[kw] = int(value) if kw in ("top_k", "mirostat_mode") else float(value)
+    n_predict = req.n_predict if req.n_predict is not None else req.max_tokens
     if n_predict is None:
         n_predict = model.n_predict if model.n_predict is not None else -1
-    if isinstance(n_predict, bool) or not isinstance(n_predict, int) or n_predict < -1:
-        raise _bad("n_predict", "an integer, -1 (up to the context) or more is expected")
-    stop = body.get("stop") or []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise _bad("stop", "a list of strings is expected")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise _bad("seed", "an integer is expected")
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop or []
+    seed = req.seed
     if seed is None and model.seed != -1:  # llama-server's: the server's -s, when it was given
         seed = model.seed
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("stream", "true or false is expected")
+    stream = req.stream
     plan = Plan(kind="completion", kwargs=kwargs, stream=stream, prompt_param=param,
-                id_slot=slot if slot is not None and slot >= 0 else None, cache_prompt=cache_prompt(body, model),
-                return_progress=bool(body.get("return_progress")), timings_per_token=bool(body.get("timings_per_token")))
+                id_slot=req.id_slot if req.id_slot is not None and req.id_slot >= 0 else None,
+                cache_prompt=model.cache_prompt if req.cache_prompt is None else req.cache_prompt,
+                return_progress=bool(req.return_progress), timings_per_token=bool(req.timings_per_token))
     ids = prompt_tokens(model, prompt, param, True, True, {})
     if not ids:
         raise RequestError(400, f"the prompt is empty: send a non-empty {param!r}", param=param, code="invalid_value")
@@ -218,35 +196,23 @@ def _completion(body: dict, model: ModelAccess, prompt, param: str, index: int) 
     model.check_context(plan.n_prompt, param)
     kwargs.update(prompt=ids, max_tokens=n_predict if n_predict > 0 else None, stop=stop, stream=stream,
                   seed=None if seed in (None, -1) else seed, model=model.alias)
-    if body.get("grammar") is not None and body.get("json_schema") is not None:
-        raise RequestError(400, "both 'grammar' and 'json_schema' given: send one", param="grammar",
-                           code="invalid_value")
-    grammar = body.get("grammar")
-    if body.get("json_schema") is not None:
-        if not isinstance(body["json_schema"], dict):
-            raise _bad("json_schema", "a JSON schema object is expected")
-        grammar, plan.grammar_param = model.schema_grammar(body["json_schema"], "json_schema"), "json_schema"
+    grammar = req.grammar
+    if req.json_schema is not None:
+        grammar, plan.grammar_param = model.schema_grammar(req.json_schema, "json_schema"), "json_schema"
     elif grammar is not None:
-        if not isinstance(grammar, str):
-            raise _bad("grammar", "a GBNF text is expected")
         model.check_grammar(grammar, "grammar")
         plan.grammar_param = "grammar"
     if grammar:
         from ..native.binding import llama_cpp
 
         kwargs["grammar"] = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False)
-    min_tokens = body.get("min_tokens", 0)
-    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
-        raise _bad("min_tokens", "an integer >= 0 is expected")
-    plan.min_tokens = min_tokens
-    if body.get("logit_bias") or body.get("ignore_eos"):
-        plan.logit_bias = _logit_bias(model, body.get("logit_bias") or [], bool(body.get("ignore_eos")))
-    n_probs = body.get("n_probs", 0)
-    if isinstance(n_probs, bool) or not isinstance(n_probs, int) or n_probs < 0:
-        raise _bad("n_probs", "an integer >= 0 is expected")
+    plan.min_tokens = req.min_tokens
+    if req.logit_bias or req.ignore_eos:
+        plan.logit_bias = _logit_bias(model, req.logit_bias or [], bool(req.ignore_eos))
+    n_probs = req.n_probs
     if n_probs:
         kwargs["logprobs"] = n_probs
-        if body.get("post_sampling_probs"):
+        if req.post_sampling_probs:
             # the candidates top_k leaves (every token without it): the truncation that follows
             # needs them all, and the n_probs best are shown
             k = kwargs["top_k"]
@@ -257,13 +223,13 @@ def _completion(body: dict, model: ModelAccess, prompt, param: str, index: int) 
                 "presence_penalty": kwargs["presence_penalty"], "frequency_penalty": kwargs["frequency_penalty"],
                 "mirostat": kwargs["mirostat_mode"], "mirostat_tau": kwargs["mirostat_tau"],
                 "mirostat_eta": kwargs["mirostat_eta"], "stop": stop, "stream": stream, "n_probs": n_probs,
-                "min_keep": 0, "ignore_eos": bool(body.get("ignore_eos")), "grammar": grammar or "",
-                "timings_per_token": bool(body.get("timings_per_token")), "speculative": model.drafting,
+                "min_keep": 0, "ignore_eos": bool(req.ignore_eos), "grammar": grammar or "",
+                "timings_per_token": bool(req.timings_per_token), "speculative": model.drafting,
                 # llama-server's list of {token, bias}: -inf (never; ignore_eos's end tokens) is null
                 "logit_bias": [{"token": t, "bias": None if b == float("-inf") else b}
                                for t, b in sorted((plan.logit_bias or {}).items())]}
     plan.info = settings
-    options = Options(body, plan.n_prompt, model.llm.detokenize(ids, special=True).decode("utf-8", "replace"),
+    options = Options(req, plan.n_prompt, model.llm.detokenize(ids, special=True).decode("utf-8", "replace"),
                       settings, index)
     options.n_predict_zero = n_predict == 0
     return plan, options
@@ -504,5 +470,5 @@ def apply_template(body: dict, model: ModelAccess) -> dict:
     layer, as for ``/v1/chat/completions``)."""
     from .chat import request_of
 
-    check_messages(body)
+    validated(MessagesBody, body)
     return {"prompt": request_of(body, model).params.prompt}

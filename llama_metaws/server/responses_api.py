@@ -15,7 +15,8 @@ next assistant message's ``reasoning_content``), ``instructions`` (a system mess
 ``reasoning.effort``. Accepted without effect: :data:`IGNORED`. ``previous_response_id`` is
 refused (nothing is stored here, as llama-server stores nothing). Any other field goes to the
 chat request as it is, as llama-server passes it (its own fields, ``chat_template_kwargs`` or
-``logit_bias``; one the chat route does not know is a 400 naming it).
+``logit_bias``; one the chat route does not know is a 400 naming it). The fields are checked by
+:class:`ResponsesBody`, the chat request they become by the chat route's :class:`~.validation.ChatBody`.
 
 Answer: ``output`` holds a ``reasoning`` item (the chat's ``reasoning_content``), a ``message``
 item (its ``content``, one ``output_text`` part) and a ``function_call`` item per tool call
@@ -41,9 +42,12 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
 from .errors import OPENAI, RequestError
+from .validation import refusal, validated
 
 #: Responses fields that change nothing here (nothing is stored, no server-side tools)
 IGNORED = {"store", "include", "metadata", "prompt_cache_key", "safety_identifier", "service_tier", "truncation",
@@ -55,6 +59,83 @@ _KNOWN = _PASSED | IGNORED | {"input", "instructions", "tools", "tool_choice", "
 
 def _bad(message: str, param: Optional[str] = None) -> RequestError:
     return RequestError(400, message, param=param, code="invalid_value")
+
+
+class FunctionChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    name: StrictStr
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: Optional[str] = None
+    schema_: Optional[Dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    format: Optional[TextFormat] = None
+
+
+class ResponsesBody(BaseModel):
+    """``POST /v1/responses`` (the module docstring says what each field does); a field not
+    declared here goes to the chat request as it is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input: Union[StrictStr, List[Any]]
+    instructions: Optional[StrictStr] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Union[Literal["auto", "none", "required"], FunctionChoice, None] = None
+    max_output_tokens: Optional[StrictInt] = None
+    text: Optional[TextConfig] = None
+    reasoning: Optional[Dict[str, Any]] = None
+    previous_response_id: Any = None
+    conversation: Any = None
+    prompt: Any = None
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _choice(cls, value):
+        if value is None or value in ("auto", "none", "required") or (
+                isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str)):
+            return value
+        raise refusal("'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}")
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value):
+        if isinstance(value, list) and not value:
+            raise refusal("'input' must be a string or a non-empty list of items")
+        return value
+
+    @field_validator("max_output_tokens")
+    @classmethod
+    def _at_least_one(cls, value):
+        if value is not None and value < 1:
+            raise refusal(f"invalid 'max_output_tokens': {value}; it must be at least 1")
+        return value
+
+    @field_validator("previous_response_id", "conversation", "prompt")
+    @classmethod
+    def _stored(cls, value, info):
+        if value:
+            raise refusal(f"{info.field_name!r} is not supported: this server stores no responses or prompts; "
+                          "send the whole conversation as 'input'", code="unsupported_parameter")
+        return value
+
+    @model_validator(mode="after")
+    def _forced_tool(self):
+        functions = [t for t in self.tools or [] if t.get("type") == "function"]
+        if not functions and self.tool_choice not in (None, "auto", "none"):
+            raise refusal("'tool_choice' forces a tool, but no function tools were given", "tool_choice")
+        return self
 
 
 def _new_id(prefix: str) -> str:
@@ -84,17 +165,13 @@ def _text_of(content, param: str, kinds=("input_text",)) -> str:
     return "\n".join(texts)
 
 
-def _messages(body: dict) -> List[dict]:
+def _messages(req: ResponsesBody) -> List[dict]:
     out: List[dict] = []
-    if body.get("instructions") is not None:
-        if not isinstance(body["instructions"], str):
-            raise _bad("'instructions' must be a string", "instructions")
-        out.append({"role": "system", "content": body["instructions"]})
-    items = body.get("input")
+    if req.instructions is not None:
+        out.append({"role": "system", "content": req.instructions})
+    items = req.input
     if isinstance(items, str):
         return out + [{"role": "user", "content": items}]
-    if not isinstance(items, list) or not items:
-        raise _bad("'input' must be a string or a non-empty list of items", "input")
 
     def assistant() -> dict:
         """The assistant message the next output item joins (a new one after any other role)."""
@@ -141,16 +218,9 @@ def _messages(body: dict) -> List[dict]:
     return out
 
 
-def _tools(body: dict) -> Optional[List[dict]]:
-    tools = body.get("tools")
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise _bad("'tools' must be a list of tool objects", "tools")
+def _tools(req: ResponsesBody) -> Optional[List[dict]]:
     out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise _bad(f"tools[{i}]: a tool object is expected", "tools")
+    for i, tool in enumerate(req.tools or []):
         if tool.get("type") != "function":
             continue  # web search, file search, ...: nothing here serves them (llama-server skips them too)
         if not isinstance(tool.get("name"), str):
@@ -163,58 +233,43 @@ def _tools(body: dict) -> Optional[List[dict]]:
 
 
 def _tool_choice(choice):
-    if choice is None or choice in ("auto", "none", "required"):
-        return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
-    raise _bad("'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
-               "tool_choice")
+    if isinstance(choice, FunctionChoice):
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice
 
 
-def _response_format(text) -> Optional[dict]:
-    if text is None:
+def _response_format(text: Optional[TextConfig]) -> Optional[dict]:
+    fmt = text.format if text is not None else None
+    if fmt is None or fmt.type == "text":
         return None
-    fmt = text.get("format") if isinstance(text, dict) else None
-    if fmt is None or fmt.get("type") == "text":
-        return None
-    if fmt.get("type") == "json_object":
+    if fmt.type == "json_object":
         return {"type": "json_object"}
-    if fmt.get("type") == "json_schema":
-        schema = {"name": fmt.get("name", "response"), "schema": fmt.get("schema") or {}}
-        if "strict" in fmt:
-            schema["strict"] = fmt["strict"]
-        return {"type": "json_schema", "json_schema": schema}
-    raise _bad(f"text.format: unknown type {fmt.get('type')!r}", "text")
+    schema = {"name": fmt.name or "response", "schema": fmt.schema_ or {}}
+    if fmt.strict is not None:
+        schema["strict"] = fmt.strict
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def to_chat(body: dict) -> dict:
     """The chat completion request that serves a Responses request (a 400 for what cannot)."""
-    for key in ("previous_response_id", "conversation", "prompt"):
-        if body.get(key):
-            raise RequestError(400, f"{key!r} is not supported: this server stores no responses or prompts; "
-                               "send the whole conversation as 'input'", param=key, code="unsupported_parameter")
-    if "input" not in body:
-        raise _bad("'input' is required", "input")
+    req = validated(ResponsesBody, body)
     # as llama-server does, any other field goes to the chat request (llama-server's own, such as
     # chat_template_kwargs or logit_bias; one the chat route does not know is its 400 there)
     chat: Dict = {k: v for k, v in body.items() if k not in _KNOWN or k in _PASSED}
     chat = {k: v for k, v in chat.items() if v is not None}
-    chat["messages"] = _messages(body)
-    tools = _tools(body)
+    chat["messages"] = _messages(req)
+    tools = _tools(req)
     if tools:
         chat["tools"] = tools
-        if body.get("tool_choice") is not None:
-            chat["tool_choice"] = _tool_choice(body["tool_choice"])
-    elif body.get("tool_choice") not in (None, "auto", "none"):
-        raise _bad("'tool_choice' forces a tool, but no function tools were given", "tool_choice")
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
-    fmt = _response_format(body.get("text"))
+        if req.tool_choice is not None:
+            chat["tool_choice"] = _tool_choice(req.tool_choice)
+    if req.max_output_tokens is not None:
+        chat["max_tokens"] = req.max_output_tokens
+    fmt = _response_format(req.text)
     if fmt is not None:
         chat["response_format"] = fmt
-    reasoning = body.get("reasoning")
-    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
-        chat["reasoning_effort"] = reasoning["effort"]
+    if req.reasoning is not None and req.reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = req.reasoning["effort"]
     if chat.get("stream"):
         chat["stream_options"] = {"include_usage": True}
     return chat

@@ -1,7 +1,7 @@
 """What every route shares: the key check, the body read, the request checks off the event loop,
 and a job handed to the model's runners and answered (a JSON body, or an event stream).
 
-A route group (:mod:`.routes`) translates a request into a plan (:mod:`.requests`) and a
+A route group (:mod:`.routes`) translates a request into a plan (:mod:`.validation`) and a
 responder (:mod:`.openai_api`, :mod:`.llama_api`); :meth:`Serving.run` does the rest: the job is
 queued on the :class:`~.worker.ModelWorker`, its first item awaited (a client that goes away
 meanwhile cancels it), then answered whole or as ``data:`` events (a responder's ``first``,
@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from . import requests as _requests
+from . import validation as _validation
 from .errors import RequestError, from_model_error, unavailable
 from .worker import Job, ModelWorker
 
@@ -81,7 +81,7 @@ class Serving:
 
     PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # answered without the key
 
-    def __init__(self, worker: ModelWorker, model: "_requests.ModelAccess", *, api_key=None,
+    def __init__(self, worker: ModelWorker, model: "_validation.ModelAccess", *, api_key=None,
                  metrics: bool = False, slots: bool = True, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
                  model_path: str = "", build_info: str = "", slot_save_path: Optional[str] = None,
                  ui: bool = True) -> None:
@@ -115,8 +115,8 @@ class Serving:
         self.authorize(request)
         raw = await read_body(request, self.max_body_size)
         if len(raw) > _PARSE_INLINE_BYTES:
-            return await asyncio.to_thread(_requests.parse_json, raw)
-        return _requests.parse_json(raw)
+            return await asyncio.to_thread(_validation.parse_json, raw)
+        return _validation.parse_json(raw)
 
     async def check(self, fn: Callable, *args):
         """A request check that tokenizes or parses: off the event loop, off the model's thread."""
@@ -124,11 +124,11 @@ class Serving:
             raise unavailable(self.worker.unavailable)
         return await asyncio.to_thread(fn, *args)
 
-    async def run(self, request: Request, plan: "_requests.Plan", responder):
+    async def run(self, request: Request, plan: "_validation.Plan", responder):
         """Queue the plan's job and answer it with ``responder`` (see the module docstring)."""
         return await self.run_all(request, [plan], [responder])
 
-    async def run_all(self, request: Request, plans: List["_requests.Plan"], responders: list):
+    async def run_all(self, request: Request, plans: List["_validation.Plan"], responders: list):
         """Several plans of one request (llama-server's list of prompts), run at once as the
         slots allow (a 400 for more than may run or wait at once): one answer each, a list of them
         when there are several; a stream merges their events as they come (each responder names

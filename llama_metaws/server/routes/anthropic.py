@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from .. import anthropic_api, openai_api
-from .. import requests as _requests
+from .. import validation as _validation
 from ..errors import ANTHROPIC
 from ..serving import JSON, Serving
 
@@ -21,12 +21,12 @@ def routes(serving: Serving) -> List[Route]:
 
     async def messages(request: Request):
         body = await serving.body_of(request)
-        plan = await serving.check(_requests.chat, anthropic_api.to_chat(body), model)
+        plan = await serving.check(_validation.chat, anthropic_api.to_chat(body), model)
         return await serving.run(request, plan, anthropic_api.Responder(openai_api.Responder(plan), body, model))
 
     async def count_tokens(request: Request):
         body = await serving.body_of(request)
-        return JSON(await serving.check(anthropic_api.count_tokens, body, model, _requests.chat))
+        return JSON(await serving.check(anthropic_api.count_tokens, body, model, _validation.chat))
 
     return [
         Route("/v1/messages", messages, methods=["POST"]),

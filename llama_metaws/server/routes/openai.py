@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from .. import openai_api
-from .. import requests as _requests
+from .. import validation as _validation
 from ..errors import OPENAI
 from ..serving import JSON, Serving
 
@@ -21,15 +21,15 @@ def routes(serving: Serving) -> List[Route]:
     model = serving.model
 
     async def completions(request: Request):
-        plan = await serving.check(_requests.completion, await serving.body_of(request), model)
+        plan = await serving.check(_validation.completion, await serving.body_of(request), model)
         return await serving.run(request, plan, openai_api.Responder(plan))
 
     async def chat_completions(request: Request):
-        plan = await serving.check(_requests.chat, await serving.body_of(request), model)
+        plan = await serving.check(_validation.chat, await serving.body_of(request), model)
         return await serving.run(request, plan, openai_api.Responder(plan))
 
     async def chat_input_tokens(request: Request):
-        return JSON(await serving.check(_requests.chat_input_tokens, await serving.body_of(request), model))
+        return JSON(await serving.check(_validation.chat_input_tokens, await serving.body_of(request), model))
 
     async def models(request: Request):
         serving.authorize(request)

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from .. import openai_api
-from .. import requests as _requests
+from .. import validation as _validation
 from .. import responses_api
 from ..errors import OPENAI
 from ..serving import Serving
@@ -23,7 +23,7 @@ def routes(serving: Serving) -> List[Route]:
     async def responses(request: Request):
         body = await serving.body_of(request)
         chat = responses_api.to_chat(body)
-        plan = await serving.check(_requests.chat, chat, model)
+        plan = await serving.check(_validation.chat, chat, model)
         responder = responses_api.Responder.responder(plan, openai_api.Responder(plan), body, model.alias)
         return await serving.run(request, plan, responder)
 
