@@ -106,6 +106,21 @@ def test_n_predict_is_max_tokens_where_that_is_absent():
     assert v.validated(v.ChatBody, dict(CHAT, max_completion_tokens=7), Server).max_tokens == 7
 
 
+def test_the_servers_n_predict_holds_where_the_request_says_minus_one():
+    """llama-server: ``n_predict_max = request's n_predict != -1 ? it : -n``."""
+    class Started(Server):
+        n_predict = 6
+        temperature = None
+        seed = -1
+
+    for body in ({"prompt": "a"}, {"prompt": "a", "n_predict": -1}):
+        assert v.validated(v.CompletionBody, v._defaults(Started, body, "max_tokens"), Started).max_tokens == 6
+    assert v.validated(v.CompletionBody, v._defaults(Started, {"prompt": "a", "n_predict": 9}, "max_tokens"),
+                       Started).max_tokens == 9
+    assert v.validated(v.CompletionBody, v._defaults(Started, {"prompt": "a", "max_tokens": 2}, "max_tokens"),
+                       Started).max_tokens == 2
+
+
 def test_a_token_array_prompt_and_a_list_of_one_prompt():
     assert v.validated(v.CompletionBody, {"prompt": [1, 2, 99]}, Server).prompt == [1, 2, 99]
     assert v.validated(v.CompletionBody, {"prompt": ["one"]}, Server).prompt == "one"

@@ -178,7 +178,7 @@ def _completion(req: LlamaCompletionBody, model: ModelAccess, prompt, param: str
         if value is not None:
             kwargs[kw] = int(value) if kw in ("top_k", "mirostat_mode") else float(value)
     n_predict = req.n_predict if req.n_predict is not None else req.max_tokens
-    if n_predict is None:
+    if n_predict is None or n_predict == -1:  # llama-server: -1 (or none) takes the server's -n
         n_predict = model.n_predict if model.n_predict is not None else -1
     stop = [req.stop] if isinstance(req.stop, str) else req.stop or []
     seed = req.seed

@@ -602,7 +602,9 @@ def _defaults(model: ModelAccess, body: dict, max_key: str) -> dict:
         body = dict(body, temperature=model.temperature)
     if model.seed != -1 and body.get("seed") is None:
         body = dict(body, seed=model.seed)
-    if model.n_predict is not None and all(body.get(k) is None for k in (max_key, "max_completion_tokens", "n_predict")):
+    # llama-server's slot limit: the request's n_predict unless it is -1 (absent counts as -1), else -n
+    if model.n_predict is not None and all(body.get(k) is None for k in (max_key, "max_completion_tokens")) \
+            and body.get("n_predict") in (None, -1):
         body = dict(body, **{max_key: model.n_predict if model.n_predict > 0 else None})
     return body
 
