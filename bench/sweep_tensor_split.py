@@ -19,7 +19,7 @@ loading: the message is listed), ``ABORT`` (the child died: the assertion is lis
 refuses) marks the row ``bad model``. Exit status 1 when any cell is ABORT, DIFF or ERROR.
 
     .venv/bin/python bench/sweep_tensor_split.py [--only qwen3next,glm4moe] [--devices 2,3]
-        [--quick] [--json out.json] [--list]
+        [--quick] [--json out.json] [--list] [--summary out.json]
 """
 
 from __future__ import annotations
@@ -410,6 +410,26 @@ def table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: List[dict]) -> str:
+    """Per architecture: shapes and cells of each status; then every cell that is not ok."""
+    archs: Dict[str, Dict[str, int]] = {}
+    for row in rows:
+        counts = archs.setdefault(row["arch"], {"shapes": 0})
+        counts["shapes"] += 1
+        if row.get("bad"):
+            counts["bad model"] = counts.get("bad model", 0) + 1
+        for r in row["cells"].values():
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+    statuses = sorted({k for c in archs.values() for k in c if k != "shapes"}, key=lambda k: (k != "ok", k))
+    lines = ["| arch | shapes | " + " | ".join(statuses) + " |", "|---|---:|" + "---:|" * len(statuses)]
+    for arch, c in archs.items():
+        lines.append(f"| {arch} | {c['shapes']} | " + " | ".join(str(c.get(k, 0)) for k in statuses) + " |")
+    odd = [f"- {row['shape']}: {row['bad']}" for row in rows if row.get("bad")]
+    odd += [f"- {row['shape']} {col}: {r['status']}" + (f"@{r['stage']}" if r.get("stage") else "") + f" ({r.get('why', '')})"
+            for row in rows for col, r in row["cells"].items() if r["status"] != "ok"]
+    return "\n".join(lines + ([""] + odd if odd else []))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", nargs=4, metavar=("PATH", "MODE", "DRAFT", "OUT"), help=argparse.SUPPRESS)
@@ -419,7 +439,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the awkward shapes only")
     ap.add_argument("--json", help="write the rows as JSON here too (after every shape)")
     ap.add_argument("--list", action="store_true", help="list the shapes and exit")
+    ap.add_argument("--summary", metavar="JSON", help="print a --json file's counts per architecture and its cells that are not ok, and exit")
     args = ap.parse_args(argv)
+    if args.summary:
+        print(summary(json.loads(Path(args.summary).read_text())))
+        return 0
     if args.child:
         path, mode, draft, out = args.child
         child(path, mode, None if draft == "None" else draft, out)
