@@ -12,7 +12,9 @@ The shapes (bench/sweep_tensor_split.py sweeps many more):
 * qwen3.5, three groups over three devices (0, 2 and 1 heads): the final states behind the delta
   net's outputs took a split ratio that does not divide (0037);
 * qwen3.5, six query heads over two K/V heads: the gated Q was cut at one K/V head, K and V at
-  two (0038).
+  two (0038);
+* mimo2, one K/V head: the K/V rows written to the cache, held whole by one device along the
+  head dimension, hit set_rows' rule (0041).
 """
 
 import dataclasses
@@ -43,6 +45,7 @@ SHAPES = {
     "qwen3next-v-twice-k": ("qwen3next", dict(ssm_groups=2, ssm_heads=4), 2),
     "qwen35-three-groups-three-devices": ("qwen35", dict(ssm_groups=3, ssm_heads=3), 3),
     "qwen35-six-q-two-kv": ("qwen35", dict(n_head=6, n_head_kv=2), 2),
+    "mimo2-one-kv-head": ("mimo2", dict(n_head=2, n_head_kv=1), 2),
 }
 
 
