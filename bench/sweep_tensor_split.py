@@ -78,7 +78,7 @@ class Shape:
         if self.kind in ("tiny_mtp", "realshape"):
             return True
         if self.kind == "family":
-            from llama_metaws.testing.families import FAMILIES
+            from llama_metaws_dev.testing.families import FAMILIES
             return FAMILIES[self.arch].mtp_graph
         return False
 
@@ -178,8 +178,8 @@ def build(shape: Shape, path: Path) -> Path:
     """Write the shape's model; exceptions (a shape the builders refuse) go to the caller."""
     over = dict(shape.over)
     if shape.kind == "family":
-        from llama_metaws.testing.families import FAMILIES, family_layout
-        from llama_metaws.testing.families.layout import materialize, write
+        from llama_metaws_dev.testing.families import FAMILIES, family_layout
+        from llama_metaws.tools.layouts.layout import materialize, write
 
         fam = FAMILIES[shape.arch]
         dims = dataclasses.replace(fam.dims, **over)
@@ -188,21 +188,21 @@ def build(shape: Shape, path: Path) -> Path:
     if shape.kind == "plain":
         return _plain(shape.arch, over, shape.seed, path)
     if shape.kind == "tiny":
-        from llama_metaws.testing import make_tiny_model
+        from llama_metaws_dev.testing import make_tiny_model
         return make_tiny_model(path, arch=shape.arch, seed=shape.seed)
     if shape.kind == "tiny_mtp":
-        from llama_metaws.testing import make_tiny_mtp_model
+        from llama_metaws_dev.testing import make_tiny_mtp_model
         return make_tiny_mtp_model(path, seed=shape.seed)
     if shape.kind == "realshape":
-        from llama_metaws.testing.realshape import make_mtp_model
+        from llama_metaws.demo.realshape import make_mtp_model
         return make_mtp_model(path, agreement=0.8, seed=shape.seed, **over)
     raise ValueError(shape.kind)
 
 
 def _plain(arch: str, over: dict, seed: int, path: Path) -> Path:
     """``make_tiny_model``'s llama / qwen3 at other dimensions (its blocks, the families' layout)."""
-    from llama_metaws.testing.families.blocks import attention, decoder, embeddings
-    from llama_metaws.testing.families.layout import Dims, Layout, materialize, write
+    from llama_metaws.tools.layouts.blocks import attention, decoder, embeddings
+    from llama_metaws.tools.layouts.layout import Dims, Layout, materialize, write
 
     dims = Dims(**dict(dict(n_embd=256, n_head=2, n_head_kv=2, head_dim=128, n_ff=384, n_nextn=0), **over))
     L = Layout(arch, dims)

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from llama_metaws import Llama
-from llama_metaws.testing import split_devices
-from llama_metaws.testing.families import FAMILIES, family_layout
-from llama_metaws.testing.families.layout import materialize, write
+from llama_metaws_dev.testing import split_devices
+from llama_metaws_dev.testing.families import FAMILIES, family_layout
+from llama_metaws.tools.layouts.layout import materialize, write
 from drafting_runs import greedy_rows
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=2, verbose=False)
