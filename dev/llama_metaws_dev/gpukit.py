@@ -222,26 +222,20 @@ def dev_wheel(dest: Path) -> Path:
         return dest / whl.name
 
 
-def _dev_version() -> str:
-    text = (_build.source_root() / "dev" / "pyproject.toml").read_text()
+def _version(pyproject: str = "pyproject.toml") -> str:
+    """The version in the checkout's ``pyproject`` (llama-metaws's; ``dev/pyproject.toml``: the
+    developer package's)."""
+    text = (_build.source_root() / pyproject).read_text()
     for line in text.splitlines():
         if line.strip().startswith("version"):
             return line.split("=", 1)[1].strip().strip('"')
-    raise KitError("no version in dev/pyproject.toml")
-
-
-def _version() -> str:
-    text = (_build.source_root() / "pyproject.toml").read_text()
-    for line in text.splitlines():
-        if line.strip().startswith("version"):
-            return line.split("=", 1)[1].strip().strip('"')
-    raise KitError("no version in pyproject.toml")
+    raise KitError(f"no version in {pyproject}")
 
 
 def requirements() -> List[str]:
     """What run.sh installs: llama-metaws with its nvidia extra, the developer package, and
     EXTRA_REQUIREMENTS."""
-    return [f"llama-metaws[nvidia]=={_version()}", f"llama-metaws-dev=={_dev_version()}", *EXTRA_REQUIREMENTS]
+    return [f"llama-metaws[nvidia]=={_version()}", f"llama-metaws-dev=={_version('dev/pyproject.toml')}", *EXTRA_REQUIREMENTS]
 
 
 def download_wheels(wheels: Path, python_versions: Iterable[str], progress: Progress = _stderr) -> None:

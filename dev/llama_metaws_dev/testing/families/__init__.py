@@ -23,6 +23,7 @@ from typing import Callable, Dict, Optional, Union
 import numpy as np
 
 from llama_metaws.native.archs import MTP_GRAPH_ARCHS, NO_TENSOR_SPLIT_ARCHS
+from llama_metaws.tools import layouts
 from llama_metaws.tools.layouts import LAYOUTS
 from llama_metaws.demo.agreement import Agreement, agreement_plan, check_agreement, design_tensors
 from .check import FamilyModelError, check_model, check_models
@@ -109,8 +110,7 @@ MTP_FAMILIES = tuple(a for a, f in FAMILIES.items() if f.mtp_graph)
 def family_layout(arch: str, dims: Optional[Dims] = None) -> Layout:
     """The metadata and tensor list of ``arch``'s model: the tiny one, or at ``dims``
     (the planner's, from a config.json)."""
-    fam = _get(arch)
-    return fam.build(dims or fam.dims)
+    return layouts.family_layout(arch, dims or _get(arch).dims)
 
 
 def family_plan(arch: str, agreement: Agreement, seed: int = 0) -> Dict[str, np.ndarray]:
