@@ -35,6 +35,7 @@ import pytest
 import llama_metaws  # noqa: F401  (sets LLAMA_CPP_LIB_PATH: must come before llama_cpp)
 import llama_cpp.llama_cpp as ll
 
+from llama_metaws import paths
 from llama_metaws.native import build as _build
 from llama_metaws.native.params import set_fields
 from llama_metaws.native.runtime import require_build
@@ -99,7 +100,7 @@ def _compile_cached(src: Path, source: str, arch: str) -> Path:
     flags = [*RELEASE_FLAGS, *ARCH_FLAGS[arch], *(f"-I{d}" for d in includes)]
     key = hashlib.sha256("\0".join([require_build().manifest["key"], _build.compiler_identity(),
                                      *_cxx(), *flags, source]).encode()).hexdigest()[:24]
-    cache = _build.cache_root() / "amx-objects"
+    cache = paths.cache_root() / "amx-objects"
     obj = cache / f"mmq-{arch}-{key}.o"
     if obj.exists():
         return obj

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from llama_metaws import paths
 from llama_metaws.native import build
 from llama_metaws.native import runtime
 from llama_metaws.errors import BindingVersionError
@@ -137,7 +138,7 @@ def test_the_full_build_stops_at_a_bad_patch_and_names_it(tmp_path, monkeypatch)
         f.write("0002-bad.patch\n")
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "downloads").symlink_to(build.cache_root() / "downloads", target_is_directory=True)
+    (cache / "downloads").symlink_to(paths.cache_root() / "downloads", target_is_directory=True)
     monkeypatch.setenv("LLAMA_METAWS_SOURCE_ROOT", str(root))
     monkeypatch.setenv("LLAMA_METAWS_CACHE", str(cache))
     lines = []

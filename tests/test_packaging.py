@@ -25,6 +25,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 import llama_metaws
+from llama_metaws import paths
 from llama_metaws.native import build, manifest, package
 from llama_metaws.native.runtime import require_build
 
@@ -79,7 +80,7 @@ def test_the_sdist_metadata_is_complete(sdist):
     assert "Programming Language :: Python :: 3" in classifiers and "Operating System :: POSIX :: Linux" in classifiers
     assert len(meta.get_all("Project-URL")) >= 2
     assert set(meta.get_all("Provides-Extra")) == {"server", "plot", "nvidia", "test", "suite"}
-    assert f"llama-cpp-python=={build.SDIST_VERSION}" in meta.get_all("Requires-Dist")
+    assert f"llama-cpp-python=={paths.SDIST_VERSION}" in meta.get_all("Requires-Dist")
     assert meta["Description-Content-Type"] == "text/markdown"
     entry = _read(sdist, "llama_metaws.egg-info/entry_points.txt")
     assert "[console_scripts]" in entry and "llama-metaws = llama_metaws.cli:main" in entry

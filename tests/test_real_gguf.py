@@ -119,7 +119,7 @@ def _chat_tokens(llm, content):
 
 
 def test_the_model_is_assembled_once_checked_and_cached(model_path):
-    from llama_metaws.native.build import cache_root
+    from llama_metaws.paths import cache_root
 
     assert model_path.parent == cache_root() / "models"
     mtime = model_path.stat().st_mtime_ns

@@ -67,7 +67,8 @@ def parse(argv, env=None, command="serve"):
 
 
 def test_the_table_holds_every_flag_of_the_vendored_llama_server():
-    from llama_metaws.native.build import VENDOR_PREFIX, cache_root, fetch_sdist
+    from llama_metaws.native.build import fetch_sdist
+    from llama_metaws.paths import VENDOR_PREFIX, cache_root
     from llama_metaws.native.runtime import require_build
 
     path = require_build().src_dir / "tools" / "server" / "README.md"  # the build's vendored tree

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from llama_metaws import paths
 from llama_metaws.native import build
 from llama_metaws_dev import tools_build
 
@@ -18,7 +19,7 @@ def test_the_tools_key_is_not_the_library_key_and_follows_its_inputs():
     assert tools_build.tools_key(inputs) == tools_build.tools_key(build.BuildInputs.collect())
     other = dataclasses.replace(inputs, cmake_args=("-DGGML_CUDA=ON",))
     assert tools_build.tools_key(other) != tools_build.tools_key(inputs)
-    assert tools_build.tools_dir_for(inputs).parent == build.cache_root() / "tools"
+    assert tools_build.tools_dir_for(inputs).parent == paths.cache_root() / "tools"
 
 
 def test_the_tools_and_the_server_are_built_with_the_common_library():

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Sequence
 
 from llama_metaws.native import build as _build
+from llama_metaws.paths import SDIST_SHA256, cache_root
 
 Progress = Callable[[str], None]
 
@@ -147,7 +148,7 @@ def trim(src: Path) -> List[str]:
 def make_source(out: Path, progress: Progress = _stderr) -> dict:
     """The patched, trimmed llama.cpp as ``out/llama.cpp.tar.gz``; returns its manifest."""
     patches = _build.read_series(_build.source_root() / "patches")
-    sdist = _build.fetch_sdist(_build.cache_root() / "downloads", progress)
+    sdist = _build.fetch_sdist(cache_root() / "downloads", progress)
     with tempfile.TemporaryDirectory(prefix="lmws-kit-src-") as tmp:
         src = Path(tmp) / "llama.cpp"
         _build.unpack_vendored(sdist, src)
@@ -170,11 +171,11 @@ def make_source(out: Path, progress: Progress = _stderr) -> dict:
 
 def binding_wheel(progress: Progress = _stderr) -> Path:
     """llama-cpp-python as a wheel without its native build (cached by the sdist's hash)."""
-    d = _build.cache_root() / "kit" / f"binding-{_build.SDIST_SHA256[:16]}"
+    d = cache_root() / "kit" / f"binding-{SDIST_SHA256[:16]}"
     found = sorted(d.glob("llama_cpp_python-*.whl")) if d.is_dir() else []
     if found:
         return found[0]
-    sdist = _build.fetch_sdist(_build.cache_root() / "downloads", progress)
+    sdist = _build.fetch_sdist(cache_root() / "downloads", progress)
     d.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF")
     progress("  building the binding's wheel without its native build (-DLLAMA_BUILD=OFF)")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from llama_metaws.native import build
+from llama_metaws.paths import cache_root
 
 GIT_IDENTITY = ("-c", "user.name=series-check", "-c", "user.email=series-check@llama-metaws")
 LIBRARY_TARGET = "llama"
@@ -65,7 +66,7 @@ def prepare_tree(work: Path, log: Path) -> Path:
     if not (repo / ".git").is_dir() or subprocess.run(
             ["git", "rev-parse", "-q", "--verify", "vendored"], cwd=repo, capture_output=True).returncode:
         shutil.rmtree(repo, ignore_errors=True)
-        sdist = build.fetch_sdist(build.cache_root() / "downloads", lambda line: print(line, flush=True))
+        sdist = build.fetch_sdist(cache_root() / "downloads", lambda line: print(line, flush=True))
         build.unpack_vendored(sdist, repo)
         _git(repo, "init", "-q", log=log)
         _git(repo, "add", "-A", "-f", log=log)

@@ -69,7 +69,7 @@ Curves = Tuple[Dict[int, float], Dict[int, float], Dict[int, float]]
 
 
 def costs_dir() -> Optional[Path]:
-    """``LLAMA_METAWS_COSTS`` (``off``: None), else ``<cache root>/costs`` (:func:`~..native.build.cache_root`)."""
+    """``LLAMA_METAWS_COSTS`` (``off``: None), else ``<cache root>/costs`` (:func:`~llama_metaws.paths.cache_root`)."""
     env = os.environ.get(COSTS_ENV)
     if env:
         return None if env.strip().lower() == "off" else Path(env)

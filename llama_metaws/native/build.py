@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
-from ..paths import SDIST_FILENAME, SDIST_PROJECT, SDIST_SHA256, SDIST_VERSION, VENDOR_PREFIX, cache_root  # noqa: F401
+from ..paths import SDIST_FILENAME, SDIST_PROJECT, SDIST_SHA256, SDIST_VERSION, VENDOR_PREFIX, cache_root
 
 # Bump when the steps below change in a way that changes what they produce.
 RECIPE_VERSION = 1

@@ -62,7 +62,8 @@ CONTEXT_LENGTH = 4096
 
 
 def unpack_suite(dest: Path) -> Path:
-    from llama_metaws.native.build import VENDOR_PREFIX, cache_root, fetch_sdist
+    from llama_metaws.native.build import fetch_sdist
+    from llama_metaws.paths import VENDOR_PREFIX, cache_root
 
     sdist = fetch_sdist(cache_root() / "downloads", lambda line: print(line, file=sys.stderr))
     if dest.exists():
